@@ -1,0 +1,13 @@
+"""Root conftest: hypothesis profiles for the suite's own tests.
+
+The perfsuite plugin itself is loaded through its ``pytest11`` entry point.
+"""
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+settings.register_profile("ci", max_examples=60, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("dev", max_examples=30, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))

@@ -1,0 +1,190 @@
+"""Cells: one frozen set of experiment parameters with a stable, readable id.
+
+The experiment matrix is data (``perfsuite/experiments/*.toml``): each
+experiment names its paper source, a tier, fixed parameters and axes whose
+product yields cells. The same parameters reached from two experiments (say
+Table 2's FP32 row and Table 3's pin_memory=False row) are one cell with both
+sources, so a session measures it once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import tomllib
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterable
+
+TIERS = ("smoke", "gate", "full")
+WORKLOADS = ("image", "llm")
+IMAGE_STRATEGIES = ("dp", "ddp", "ddp-rr", "ddp-ds")
+LLM_TECHNIQUES = ("lora", "qlora", "dpo", "qat", "qat-lora")
+PRECISIONS = ("fp64", "fp32", "fp16", "bf16")
+MEMORY_FORMATS = ("nchw", "nhwc")
+DEVICES = ("cpu", "cuda")
+
+EXPERIMENTS_DIR = Path(__file__).parent / "experiments"
+
+
+class CellError(ValueError):
+    """A cell or an experiment file that cannot be used as written."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    tier: str
+    workload: str
+    strategy: str  # image: data-parallel strategy; llm: tuning technique
+    device: str
+    world_size: int  # ranks; for "dp" the GPUs one process drives
+    precision: str
+    pin_memory: bool
+    dataset: str
+    batch_size: int  # per rank
+    epochs: int = 1
+    max_steps: int = 0  # cap on training steps per epoch per rank; 0 = whole epoch
+    warmup_steps: int = 3  # measured-step warm-up, excluded from samples
+    lr: float = 1e-3
+    loader_workers: int = 0  # DataLoader worker processes per rank
+    image_size: int = 0  # image only
+    memory_format: str = "nchw"  # image only
+    lr_warmup_steps: int = 0  # llm scheduler warm-up (the paper's "warm-up steps")
+    max_seq_len: int = 0  # llm only
+    timeout_s: int = 600
+    min_accuracy: float = 0.0  # accuracy target kept with the experiment data
+    sources: tuple[str, ...] = field(default=(), compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.tier not in TIERS:
+            problems.append(f"tier {self.tier!r} not in {TIERS}")
+        if self.workload not in WORKLOADS:
+            problems.append(f"workload {self.workload!r} not in {WORKLOADS}")
+        strategies = IMAGE_STRATEGIES if self.workload == "image" else LLM_TECHNIQUES
+        if self.strategy not in strategies:
+            problems.append(f"strategy {self.strategy!r} not in {strategies}")
+        if self.device not in DEVICES:
+            problems.append(f"device {self.device!r} not in {DEVICES}")
+        if self.precision not in PRECISIONS:
+            problems.append(f"precision {self.precision!r} not in {PRECISIONS}")
+        if self.precision == "fp16" and self.device == "cpu":
+            problems.append("fp16 autocast needs CUDA; CPU cells use bf16")
+        if self.memory_format not in MEMORY_FORMATS:
+            problems.append(f"memory_format {self.memory_format!r} not in {MEMORY_FORMATS}")
+        if self.world_size < 1:
+            problems.append("world_size must be >= 1")
+        if self.strategy == "dp" and self.device == "cpu" and self.world_size != 1:
+            problems.append("DataParallel on CPU has one device: world_size must be 1")
+        if self.workload == "image" and self.image_size < 8:
+            problems.append("image cells need image_size >= 8")
+        if problems:
+            raise CellError(f"invalid cell {self.__dict__}: " + "; ".join(problems))
+
+    @property
+    def id(self) -> str:
+        ranks = f"{'g' if self.device == 'cuda' else 'c'}{self.world_size}"
+        pin = "pin" if self.pin_memory else "nopin"
+        if self.workload == "image":
+            parts = [self.strategy, ranks, self.precision, f"px{self.image_size}", pin,
+                     self.memory_format]
+        else:
+            parts = [self.strategy, self.dataset, ranks, self.precision, pin]
+        return "/".join([self.tier, self.workload, *parts])
+
+    @property
+    def gpus_needed(self) -> int:
+        return self.world_size if self.device == "cuda" else 0
+
+    @property
+    def processes(self) -> int:
+        """Ranks torchrun starts: DataParallel is one process driving N GPUs."""
+        return 1 if self.strategy == "dp" else self.world_size
+
+    def params(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["sources"] = list(self.sources)
+        return out
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> "Cell":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(params) - known)
+        if unknown:
+            raise CellError(f"unknown cell parameters {unknown}; known: {sorted(known)}")
+        values = dict(params)
+        values["sources"] = tuple(values.get("sources", ()))
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> "Cell":
+        return dataclasses.replace(self, **changes)
+
+    def __str__(self) -> str:
+        return self.id
+
+
+def _cells_of_experiment(exp: dict[str, Any], defaults: dict[str, Any], origin: str) -> list[Cell]:
+    try:
+        name, tier, workload = exp["name"], exp["tier"], exp["workload"]
+    except KeyError as missing:
+        raise CellError(f"{origin}: experiment lacks {missing}; every experiment needs "
+                        "name, tier, workload") from None
+    base = {**defaults.get(tier, {}).get(workload, {}), **exp.get("fixed", {})}
+    axes = exp.get("axes", {})
+    source = exp.get("source", name)
+    cells = []
+    for combo in itertools.product(*axes.values()):
+        params = {**base, **dict(zip(axes.keys(), combo)), "tier": tier, "workload": workload,
+                  "sources": (source,)}
+        try:
+            cells.append(Cell.from_params(params))
+        except (CellError, TypeError) as err:
+            raise CellError(f"{origin}: experiment {name!r}: {err}") from None
+    return cells
+
+
+def load_matrix(paths: Iterable[Path] | None = None) -> dict[str, Cell]:
+    """Every cell of the experiment files, keyed by id, sources merged."""
+    paths = sorted(EXPERIMENTS_DIR.glob("*.toml")) if paths is None else list(paths)
+    matrix: dict[str, Cell] = {}
+    for path in paths:
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except tomllib.TOMLDecodeError as err:
+            raise CellError(f"{path}: not valid TOML ({err}); fix the file") from None
+        for exp in data.get("experiment", []):
+            for cell in _cells_of_experiment(exp, data.get("defaults", {}), str(path)):
+                seen = matrix.get(cell.id)
+                if seen is not None and seen != cell:
+                    raise CellError(f"{path}: two experiments give id {cell.id} different "
+                                    "parameters; make the ids distinct")
+                sources = (seen.sources if seen else ()) + cell.sources
+                matrix[cell.id] = cell.replace(sources=tuple(dict.fromkeys(sources)))
+    return matrix
+
+
+@lru_cache(maxsize=1)
+def matrix() -> dict[str, Cell]:
+    return load_matrix()
+
+
+def select(tier: str | None = None, workload: str | None = None,
+           ids: Iterable[str] = ()) -> list[Cell]:
+    """Cells of a tier/workload, or exactly the given ids (unknown ids raise)."""
+    every = matrix()
+    wanted = list(ids)
+    if wanted:
+        unknown = [i for i in wanted if i not in every]
+        if unknown:
+            raise CellError(f"unknown cell id(s) {unknown}; `perfsuite list --tier all` "
+                            "prints every id")
+        return [every[i] for i in wanted]
+    if tier not in (None, "all") and tier not in TIERS:
+        raise CellError(f"unknown tier {tier!r}; tiers: {', '.join(TIERS)}, all")
+    return [c for c in every.values()
+            if tier in (None, "all", c.tier) and workload in (None, c.workload)]
+
+
+def get(cell_id: str) -> Cell:
+    return select(ids=[cell_id])[0]

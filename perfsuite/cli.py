@@ -1,0 +1,98 @@
+"""The ``perfsuite`` command: list, run, overhead."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from perfsuite import cells as cells_mod
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    for cell in cells_mod.select(tier=args.tier, workload=args.workload):
+        print(cell.id)
+    return 0
+
+
+def _parse_options(pairs: list[str]) -> dict[str, str]:
+    bad = [p for p in pairs if "=" not in p]
+    if bad:
+        raise SystemExit(f"perfsuite: --option {bad[0]!r}: expected KEY=VALUE")
+    return dict(p.split("=", 1) for p in pairs)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from perfsuite.judge import failures
+    from perfsuite.launch import LaunchOptions
+    from perfsuite.report import summary_lines
+    from perfsuite.runner import Runner, default_out_dir
+
+    if not args.ids and not args.tier:
+        raise SystemExit("perfsuite run: give cell ids or --tier; `perfsuite list` prints ids")
+    chosen = cells_mod.select(tier=args.tier, workload=args.workload, ids=args.ids)
+    runner = Runner(args.out or default_out_dir(),
+                    LaunchOptions(data_dir=args.data_dir, options=_parse_options(args.option),
+                                  timeout_s=args.timeout))
+    bad = 0
+    for i, cell in enumerate(chosen, 1):
+        print(f"[{i}/{len(chosen)}] {cell.id} ...", flush=True)
+        result = runner.result(cell)
+        bad += result["status"] not in ("ok", "skipped") or bool(failures(result))
+        print("\n".join("    " + line for line in summary_lines([result])), flush=True)
+    print(f"results: {runner.file.path}" if runner.results else "no cell ran")
+    return 1 if bad else 0
+
+
+def _cmd_overhead(args: argparse.Namespace) -> int:
+    from perfsuite.overhead import measure_overhead
+
+    out = measure_overhead(device=args.device, image_size=args.image_size,
+                           batch_size=args.batch_size, steps=args.steps, blocks=args.blocks)
+    print(json.dumps(out, indent=1))
+    print(f"suite/bare median step time: {out['ratio']:.4f} "
+          f"({out['overhead_percent']:+.2f} %; goal <= +1 %)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="perfsuite", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("list", help="print cell ids, one per line")
+    p.add_argument("--tier", default="all", choices=[*cells_mod.TIERS, "all"])
+    p.add_argument("--workload", choices=cells_mod.WORKLOADS)
+    p.set_defaults(func=_cmd_list)
+
+    p = sub.add_parser("run", help="measure cells and write results.json")
+    p.add_argument("ids", nargs="*", metavar="ID")
+    p.add_argument("--tier", choices=[*cells_mod.TIERS, "all"])
+    p.add_argument("--workload", choices=cells_mod.WORKLOADS)
+    p.add_argument("--out", type=Path, help="output directory (default .perfsuite/run-...)")
+    p.add_argument("--data-dir", type=Path, help="directory with real datasets")
+    p.add_argument("--timeout", type=float, help="override each cell's timeout (s)")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE")
+    p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("overhead", help="the suite's own overhead on a training step")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--image-size", type=int, default=32)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--steps", type=int, default=20, help="steps per block")
+    p.add_argument("--blocks", type=int, default=10)
+    p.set_defaults(func=_cmd_overhead)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except cells_mod.CellError as err:
+        print(f"perfsuite: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

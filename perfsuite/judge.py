@@ -1,0 +1,77 @@
+"""Every check that applies to one measured cell, as entries of its "checks" list.
+
+Sanity checks make sure a measurement is a measurement (finite, positive,
+the same steps on every rank); the accuracy target comes from the cell's
+experiment data.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from perfsuite.cells import Cell
+
+PASS, FAIL = "pass", "fail"
+
+
+def _check(name: str, ok: bool, observed: Any, expected: str, message: str = "") -> dict:
+    return {"name": name, "verdict": PASS if ok else FAIL, "observed": observed,
+            "expected": expected, "message": message}
+
+
+def _finite_positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+def sanity_checks(cell: Cell, result: dict[str, Any]) -> list[dict[str, Any]]:
+    metrics = result.get("metrics", {})
+    step = metrics.get("step_time", {})
+    samples = step.get("samples") or []
+    checks = [
+        _check("sanity.step_time_samples", len(samples) > 0 and all(map(_finite_positive, samples)),
+               len(samples), "> 0 finite positive samples",
+               "every measured step must have a positive, finite duration"),
+        _check("sanity.throughput", _finite_positive(metrics.get("throughput", {}).get("value")),
+               metrics.get("throughput", {}).get("value"), "> 0"),
+    ]
+    loss = metrics.get("loss", {})
+    if loss:
+        curve = loss.get("samples") or [loss.get("value")]
+        checks.append(_check("sanity.loss_finite",
+                             all(isinstance(v, float) and math.isfinite(v) for v in curve),
+                             loss.get("value"), "finite at every step"))
+    memory = [k for k in ("peak_mem_allocated", "peak_rss") if k in metrics]
+    for key in memory:
+        checks.append(_check(f"sanity.{key}", _finite_positive(metrics[key]["value"]),
+                             metrics[key]["value"], "> 0 bytes"))
+    if "accuracy" in metrics:
+        acc = metrics["accuracy"]["value"]
+        checks.append(_check("sanity.accuracy_range", isinstance(acc, float) and 0 <= acc <= 1,
+                             acc, "within [0, 1]"))
+    if cell.device == "cuda" and cell.workload == "image":
+        moved = metrics.get("h2d_bytes", {}).get("value")
+        checks.append(_check("sanity.h2d_bytes", _finite_positive(moved), moved,
+                             "> 0: every batch crosses to the GPU"))
+    return checks
+
+
+def target_checks(cell: Cell, result: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    if cell.min_accuracy > 0:
+        acc = result.get("metrics", {}).get("accuracy", {}).get("value")
+        ok = isinstance(acc, float) and acc >= cell.min_accuracy
+        out.append(_check("accuracy.at_least", ok, acc, f">= {cell.min_accuracy}",
+                          f"test accuracy {acc} vs target {cell.min_accuracy} "
+                          f"(experiment data of {', '.join(cell.sources)})"))
+    return out
+
+
+def judge(cell: Cell, result: dict[str, Any]) -> list[dict[str, Any]]:
+    if result.get("status") != "ok":
+        return []
+    return sanity_checks(cell, result) + target_checks(cell, result)
+
+
+def failures(result: dict[str, Any]) -> list[dict[str, Any]]:
+    return [c for c in result.get("checks", []) if c["verdict"] in (FAIL, "regressed")]

@@ -1,0 +1,109 @@
+"""pytest wiring only: options, cell parametrisation, fixtures, report.
+
+Registered through the ``pytest11`` entry point. A test that takes the
+``perf_cell`` fixture and carries ``@pytest.mark.perf(workload=...)`` is
+parametrised over the cells of the selected tier (or of ``--perf-cell``);
+``perf_result`` runs its cell once per session and hands back the result.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from perfsuite import cells as cells_mod
+from perfsuite import report
+from perfsuite.launch import LaunchOptions
+from perfsuite.runner import Runner, default_out_dir
+
+SESSION_KEY = pytest.StashKey["Runner"]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("perfsuite", "perfsuite: measured experiment cells")
+    group.addoption("--perf-tier", default="smoke", choices=[*cells_mod.TIERS, "all"],
+                    help="cells of this tier (default: smoke, the CPU tier)")
+    group.addoption("--perf-cell", action="append", default=[], metavar="ID",
+                    help="run exactly this cell id (repeatable); see `perfsuite list`")
+    group.addoption("--perf-out", default=None, metavar="DIR",
+                    help="output directory for results.json and cell logs "
+                         "(default: .perfsuite/run-<time>-<pid>)")
+    group.addoption("--perf-data-dir", default=None, metavar="DIR",
+                    help="directory with real datasets (MNIST IDX files, ...)")
+    group.addoption("--perf-timeout", type=float, default=None, metavar="S",
+                    help="override every cell's own timeout (seconds)")
+    group.addoption("--perf-option", action="append", default=[], metavar="KEY=VALUE",
+                    help="workload option, e.g. llm_checkpoint_dir=/models/llama3-8b")
+
+
+def _session_runner(config: pytest.Config) -> Runner:
+    options = {}
+    for opt in config.getoption("--perf-option"):
+        if "=" not in opt:
+            raise pytest.UsageError(f"--perf-option {opt!r}: expected KEY=VALUE")
+        key, value = opt.split("=", 1)
+        options[key] = value
+    data_dir = config.getoption("--perf-data-dir")
+    launch = LaunchOptions(data_dir=Path(data_dir) if data_dir else None, options=options,
+                           timeout_s=config.getoption("--perf-timeout"))
+    out = config.getoption("--perf-out") or default_out_dir(config.rootpath)
+    return Runner(out, launch)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "perf(workload): a measured experiment cell")
+    try:
+        cells_mod.select(ids=config.getoption("--perf-cell"))
+    except cells_mod.CellError as err:
+        raise pytest.UsageError(str(err)) from None
+    config.stash[SESSION_KEY] = _session_runner(config)
+
+
+def selected_cells(config: pytest.Config, workload: str | None) -> list[cells_mod.Cell]:
+    ids = config.getoption("--perf-cell")
+    if ids:
+        return [c for c in cells_mod.select(ids=ids) if workload in (None, c.workload)]
+    return cells_mod.select(tier=config.getoption("--perf-tier"), workload=workload)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "perf_cell" not in metafunc.fixturenames:
+        return
+    marker = metafunc.definition.get_closest_marker("perf")
+    workload = marker.kwargs.get("workload") if marker else None
+    chosen = selected_cells(metafunc.config, workload)
+    metafunc.parametrize("perf_cell", chosen, ids=[c.id for c in chosen])
+
+
+@pytest.fixture(scope="session")
+def perf_session(request: pytest.FixtureRequest) -> Runner:
+    return request.config.stash[SESSION_KEY]
+
+
+@pytest.fixture
+def perf_result(perf_cell, perf_session: Runner, request) -> dict[str, Any]:
+    """The measured result of this test's cell; skips or fails with the reason."""
+    result = perf_session.result(perf_cell)
+    for name, value in report.junit_properties(result):
+        request.node.user_properties.append((name, value))
+    request.node.add_report_section("call", "perfsuite", report.cell_text(result))
+    if result["status"] == "skipped":
+        pytest.skip(f"{perf_cell.id}: {result['reason']}")
+    if result["status"] != "ok":
+        tail = result.get("output_tail", "")
+        pytest.fail(f"{perf_cell.id}: {result['status']}: {result['reason']}\n"
+                    f"--- output tail ({result.get('dir')}/output.log) ---\n{tail}",
+                    pytrace=False)
+    return result
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
+    session: Runner = config.stash.get(SESSION_KEY, None)
+    if session is None or not session.results:
+        return
+    terminalreporter.section("perfsuite")
+    for line in report.summary_lines(session.results):
+        terminalreporter.write_line(line)
+    terminalreporter.write_line(f"results: {session.file.path}")

@@ -1,0 +1,166 @@
+"""Cell results: rank records aggregated, and the run's results.json.
+
+Schema ``perfsuite.results/1`` (see README): a run object with its env and a
+list of cells; each cell has id, params, status, reason, env, metrics (value,
+unit; step_time also samples and their summary) and checks.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from perfsuite.cells import Cell
+from perfsuite.fsutil import atomic_write_json
+from perfsuite.stats import summary
+
+SCHEMA = "perfsuite.results/1"
+STATUSES = ("ok", "failed", "error", "timeout", "skipped")
+
+# How each metric of the ranks becomes the cell's. A data-parallel step ends
+# when its slowest rank ends, so step times take the per-step maximum.
+_SUM = {"h2d_bytes", "tokens"}
+_MAX = {"peak_mem_allocated", "peak_mem_reserved", "peak_rss", "total_time"}
+_MIN = {"throughput"}
+
+
+def _base(cell: Cell, status: str, reason: str | None) -> dict[str, Any]:
+    return {"id": cell.id, "params": cell.params(), "status": status, "reason": reason,
+            "env": {}, "metrics": {}, "checks": [], "ranks": []}
+
+
+def skipped_result(cell: Cell, reason: str) -> dict[str, Any]:
+    return _base(cell, "skipped", reason)
+
+
+def _step_time(records: list[dict]) -> dict[str, Any]:
+    per_rank = [r["metrics"]["step_time"].get("samples", []) for r in records]
+    steps = min(len(s) for s in per_rank)
+    samples = [max(s[i] for s in per_rank) for i in range(steps)]
+    stats = summary(samples) if samples else {"n": 0}
+    return {"value": stats.get("median", float("nan")), "unit": "s", "samples": samples,
+            **stats}
+
+
+def _merge_metrics(records: list[dict]) -> dict[str, Any]:
+    merged: dict[str, Any] = {}
+    names = [n for r in records for n in r.get("metrics", {})]
+    for name in dict.fromkeys(names):
+        have = [r["metrics"][name] for r in records if name in r.get("metrics", {})]
+        if name == "step_time":
+            merged[name] = _step_time(records)
+            continue
+        values = [m["value"] for m in have]
+        if name in _SUM:
+            value = sum(values)
+        elif name in _MAX:
+            value = max(values)
+        elif name in _MIN:
+            value = min(values)
+        else:  # rank 0's view: accuracy, loss, epoch time
+            value = values[0]
+        merged[name] = {**have[0], "value": value}
+    return merged
+
+
+def _failure_reason(records: list[dict | None], returncode: int | None, timed_out: bool,
+                    timeout_s: float | None) -> str | None:
+    if timed_out:
+        return f"timed out after {timeout_s:.0f} s; ranks' stacks are in output.log"
+    for rank, record in enumerate(records):
+        if record is None:
+            return (f"rank {rank} wrote no record (it died or was killed; exit code of the "
+                    f"launcher: {returncode}); see output.log")
+        if record.get("status") != "ok":
+            err = record.get("error", {})
+            return f"rank {rank} failed: {err.get('type')}: {err.get('message')}"
+    if returncode:
+        return f"torch.distributed.run exited with {returncode}"
+    return None
+
+
+def aggregate(cell: Cell, records: list[dict | None], *, returncode: int | None,
+              timed_out: bool, timeout_s: float | None, output_tail: str,
+              duration_s: float) -> dict[str, Any]:
+    """One cell result from the rank records (None: the rank wrote none)."""
+    reason = _failure_reason(records, returncode, timed_out, timeout_s)
+    status = "timeout" if timed_out else ("error" if reason else "ok")
+    result = _base(cell, status, reason)
+    result["duration_s"] = duration_s
+    result["ranks"] = [{"rank": i, "status": r.get("status") if r else "missing",
+                        "steps": r.get("steps") if r else None,
+                        "device": r.get("device") if r else None,
+                        "error": r.get("error") if r else None}
+                       for i, r in enumerate(records)]
+    good = [r for r in records if r and r.get("status") == "ok"]
+    if records and records[0]:
+        result["env"] = records[0].get("env", {})
+    if good and status == "ok":
+        steps = {r.get("steps") for r in good}
+        if len(steps) > 1:  # a data-parallel run must step in lock-step
+            result["status"] = "error"
+            result["reason"] = f"ranks took different numbers of measured steps: {sorted(steps)}"
+        result["metrics"] = _merge_metrics(good)
+        result["info"] = good[0].get("info", {})
+    if result["status"] != "ok":
+        result["output_tail"] = output_tail
+    return result
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN and infinities are not JSON: write them as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+class ResultsFile:
+    """The run's results.json, rewritten whole after every cell.
+
+    A crash or Ctrl-C in a later cell therefore keeps every result already
+    measured; a rerun of a cell replaces its earlier entry.
+    """
+
+    def __init__(self, out_dir: Path | str, env: dict[str, Any] | None = None,
+                 argv: list[str] | None = None) -> None:
+        self.path = Path(out_dir) / "results.json"
+        self.data: dict[str, Any] = {
+            "schema": SCHEMA,
+            "run": {"started": time.time(), "finished": None, "argv": argv or []},
+            "env": env or {},
+            "cells": [],
+        }
+
+    def add(self, result: dict[str, Any]) -> None:
+        self.data["cells"] = [c for c in self.data["cells"] if c["id"] != result["id"]]
+        self.data["cells"].append(result)
+        self.write()
+
+    def write(self) -> None:
+        self.data["run"]["finished"] = time.time()
+        atomic_write_json(self.path, _json_safe(self.data))
+
+
+def load(path: Path | str) -> dict[str, Any]:
+    """A results.json (or a run directory holding one), checked for its schema."""
+    import json
+
+    path = Path(path)
+    if path.is_dir():
+        path = path / "results.json"
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: no results file; run the suite with "
+                                "--perf-out DIR first") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON ({err})") from None
+    if data.get("schema") != SCHEMA:
+        raise ValueError(f"{path}: schema {data.get('schema')!r}, expected {SCHEMA!r}")
+    return data

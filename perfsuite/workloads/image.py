@@ -1,0 +1,199 @@
+"""MobileNetV2 image classification under the paper's data-parallel strategies.
+
+- ``dp``: one process, ``nn.DataParallel`` over ``world_size`` GPUs; its global
+  batch is ``batch_size * world_size`` so each GPU sees the same per-device
+  batch as under DDP.
+- ``ddp``: every rank iterates the whole dataset in the same order (the
+  paper's "no workload distribution": N GPUs do N times the work).
+- ``ddp-rr``: every rank loads and moves every batch to its device (as the
+  paper did) but trains only on batches ``i % world == rank``; the batch count
+  is capped at a multiple of the world size, otherwise one rank would wait in
+  an all-reduce the others never join.
+- ``ddp-ds``: ``DistributedSampler`` gives each rank its own shard.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler
+from torchvision.models import mobilenet_v2
+
+from perfsuite.cells import Cell
+from perfsuite.context import RankContext
+from perfsuite.meter import StepTimer, WallClock, metric, peak_memory, reset_peak_memory
+from perfsuite.workloads import image_data
+
+NUM_CLASSES = 10
+
+
+def steps_per_epoch(strategy: str, batches: int, world_size: int, max_steps: int) -> int:
+    """Training steps every rank takes in one epoch (the same on all ranks)."""
+    steps = batches // world_size if strategy == "ddp-rr" else batches
+    return min(steps, max_steps) if max_steps > 0 else steps
+
+
+def images_per_step(cell: Cell) -> int:
+    """Distinct dataset images one step advances, summed over ranks."""
+    if cell.strategy == "ddp":
+        return cell.batch_size  # every rank trains on the same batch
+    return cell.batch_size * cell.world_size
+
+
+def effective_precision(cell: Cell) -> str:
+    return {"fp64": "fp64", "fp32": "fp32", "fp16": "fp16-autocast+gradscaler",
+            "bf16": "bf16-autocast"}[cell.precision]
+
+
+def build_model(cell: Cell, ctx: RankContext) -> tuple[nn.Module, nn.Module]:
+    """The wrapped model to train and the bare module to evaluate."""
+    device = torch.device(ctx.device)
+    torch.manual_seed(ctx.seed)
+    model = mobilenet_v2(num_classes=NUM_CLASSES)
+    if cell.precision == "fp64":
+        model = model.double()
+    if cell.memory_format == "nhwc":
+        model = model.to(memory_format=torch.channels_last)
+    model = model.to(device)
+    if cell.strategy == "dp":
+        ids = list(range(cell.world_size)) if device.type == "cuda" else None
+        return nn.DataParallel(model, device_ids=ids), model
+    ids = [device.index] if device.type == "cuda" else None
+    return nn.parallel.DistributedDataParallel(model, device_ids=ids), model
+
+
+def build_loader(cell: Cell, ctx: RankContext, dataset, epoch: int) -> DataLoader:
+    sampler = None
+    generator = torch.Generator().manual_seed(ctx.seed + epoch)  # same order on every rank
+    if cell.strategy == "ddp-ds":
+        sampler = DistributedSampler(dataset, num_replicas=ctx.world_size, rank=ctx.rank,
+                                     shuffle=True, seed=ctx.seed)
+        sampler.set_epoch(epoch)
+    batch = cell.batch_size * (cell.world_size if cell.strategy == "dp" else 1)
+    pin = cell.pin_memory and ctx.device.startswith("cuda")
+    return DataLoader(dataset, batch_size=batch, sampler=sampler, shuffle=sampler is None,
+                      generator=generator if sampler is None else None, pin_memory=pin,
+                      num_workers=cell.loader_workers, drop_last=False,
+                      persistent_workers=False)
+
+
+def _autocast(cell: Cell, device: torch.device):
+    if cell.precision == "fp16":
+        return torch.autocast(device.type, dtype=torch.float16)
+    if cell.precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def make_train_step(cell: Cell, model: nn.Module, device: torch.device):
+    """One optimisation step on a batch already on the device; returns the loss."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cell.lr)
+    scaler = torch.amp.GradScaler(device.type, enabled=cell.precision == "fp16")
+    loss_fn = nn.CrossEntropyLoss()
+
+    def train_step(images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        with _autocast(cell, device):
+            loss = loss_fn(model(images), labels)
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        return loss.detach()
+
+    return train_step
+
+
+def evaluate(cell: Cell, ctx: RankContext, module: nn.Module, dataset) -> float:
+    """Top-1 accuracy over the whole test split; ranks share the work."""
+    device = torch.device(ctx.device)
+    sharded = cell.strategy != "dp" and dist.is_initialized()
+    indices = range(ctx.rank, len(dataset), ctx.world_size) if sharded else range(len(dataset))
+    loader = DataLoader(torch.utils.data.Subset(dataset, list(indices)),
+                        batch_size=max(cell.batch_size, 64))
+    counts = torch.zeros(2, dtype=torch.float64, device=device)
+    module.eval()
+    with torch.no_grad(), _autocast(cell, device):
+        for images, labels in loader:
+            images, labels = images.to(device), labels.to(device)
+            if cell.memory_format == "nhwc":
+                images = images.contiguous(memory_format=torch.channels_last)
+            counts[0] += (module(images).argmax(1) == labels).sum()
+            counts[1] += labels.numel()
+    if sharded:
+        dist.all_reduce(counts)
+    module.train()
+    return float(counts[0] / counts[1])
+
+
+def run(cell: Cell, ctx: RankContext) -> dict[str, Any]:
+    device = torch.device(ctx.device)
+    if cell.strategy != "dp":
+        ctx.init_process_group(timeout_s=cell.timeout_s)
+    train_x, train_y, test_x, test_y = image_data.load(cell.dataset, ctx.data_dir)
+    train_set = image_data.ResizedImages(train_x, train_y, cell.image_size, cell.precision)
+    test_set = image_data.ResizedImages(test_x, test_y, cell.image_size, cell.precision)
+
+    model, module = build_model(cell, ctx)
+    train_step = make_train_step(cell, model, device)
+    group = ctx.world_size if cell.strategy == "ddp-rr" else 1
+    timer = StepTimer(device, cell.warmup_steps)
+    losses: list[torch.Tensor] = []
+    epoch_times: list[float] = []
+    moved_bytes = 0
+    reset_peak_memory(device)
+
+    def to_device(images: torch.Tensor, labels: torch.Tensor):
+        nonlocal moved_bytes
+        if device.type == "cuda":
+            moved_bytes += images.nbytes + labels.nbytes
+        images = images.to(device, non_blocking=cell.pin_memory)
+        if cell.memory_format == "nhwc":
+            images = images.contiguous(memory_format=torch.channels_last)
+        return images, labels.to(device, non_blocking=cell.pin_memory)
+
+    with WallClock(device) as total:
+        for epoch in range(cell.epochs):
+            loader = build_loader(cell, ctx, train_set, epoch)
+            steps = steps_per_epoch(cell.strategy, len(loader), ctx.world_size, cell.max_steps)
+            batches = iter(loader)
+            with WallClock(device) as epoch_clock:
+                for _ in range(steps):
+                    timer.mark()
+                    for slot in range(group):  # round robin: load all, train on own
+                        batch = to_device(*next(batches))
+                        if slot == ctx.rank % group:
+                            images, labels = batch
+                    losses.append(train_step(images, labels))
+                timer.mark()
+            epoch_times.append(epoch_clock.seconds)
+            # The step between two epochs includes loader start-up: drop it.
+            timer.close_epoch()
+    accuracy = evaluate(cell, ctx, module, test_set)
+
+    samples = timer.samples()
+    step_time = statistics.median(samples) if samples else float("nan")
+    loss_curve = torch.stack(losses).float().cpu().tolist() if losses else []
+    metrics = {
+        "step_time": metric(step_time, "s", samples),
+        "throughput": metric(images_per_step(cell) / step_time if samples else 0.0, "images/s"),
+        "epoch_time": metric(statistics.median(epoch_times), "s", epoch_times),
+        "total_time": metric(total.seconds, "s"),
+        "accuracy": metric(accuracy, "fraction"),
+        "loss": metric(loss_curve[-1] if loss_curve else float("nan"), "", loss_curve),
+        "h2d_bytes": metric(moved_bytes, "bytes"),
+        **peak_memory(device),
+    }
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    return {"metrics": metrics, "steps": len(samples),
+            "info": {"precision_effective": effective_precision(cell),
+                     "pin_memory_effective": cell.pin_memory and device.type == "cuda",
+                     "images_per_step": images_per_step(cell),
+                     "train_images": len(train_set), "test_images": len(test_set),
+                     "torch_threads": torch.get_num_threads()}}
