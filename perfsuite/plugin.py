@@ -89,6 +89,7 @@ def perf_result(perf_cell, perf_session: Runner, request) -> dict[str, Any]:
     for name, value in report.junit_properties(result):
         request.node.user_properties.append((name, value))
     request.node.add_report_section("call", "perfsuite", report.cell_text(result))
+    _record_in_benchmark(request, result)
     if result["status"] == "skipped":
         pytest.skip(f"{perf_cell.id}: {result['reason']}")
     if result["status"] != "ok":
@@ -97,6 +98,25 @@ def perf_result(perf_cell, perf_session: Runner, request) -> dict[str, Any]:
                     f"--- output tail ({result.get('dir')}/output.log) ---\n{tail}",
                     pytrace=False)
     return result
+
+
+def _record_in_benchmark(request: pytest.FixtureRequest, result: dict[str, Any]) -> None:
+    """Hand the cell's measured step times to pytest-benchmark's machinery.
+
+    They then appear in --benchmark-json, --benchmark-autosave runs and
+    --benchmark-compare(-fail), as if pytest-benchmark had timed each step.
+    """
+    session = getattr(request.config, "_benchmarksession", None)
+    samples = result.get("metrics", {}).get("step_time", {}).get("samples")
+    if session is None or session.skip or session.disabled or not samples:
+        return
+    benchmark = request.getfixturevalue("benchmark")
+    stats = benchmark._make_stats(1)
+    for seconds in samples:
+        stats.update(seconds)
+    benchmark._mode = "perfsuite step-time samples"  # marks the fixture as used
+    benchmark.extra_info.update({"perfsuite_id": result["id"], "status": result["status"],
+                                 "metric": "step_time", "unit": "s"})
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import statistics
+import time
 from typing import Any
 
 import torch
@@ -24,6 +25,7 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 from torchvision.models import mobilenet_v2
 
+from perfsuite import faults
 from perfsuite.cells import Cell
 from perfsuite.context import RankContext
 from perfsuite.meter import StepTimer, WallClock, metric, peak_memory, reset_peak_memory
@@ -141,6 +143,8 @@ def run(cell: Cell, ctx: RankContext) -> dict[str, Any]:
     model, module = build_model(cell, ctx)
     train_step = make_train_step(cell, model, device)
     group = ctx.world_size if cell.strategy == "ddp-rr" else 1
+    fault = faults.from_options(ctx.options)
+    step_index = 0
     timer = StepTimer(device, cell.warmup_steps)
     losses: list[torch.Tensor] = []
     epoch_times: list[float] = []
@@ -163,12 +167,22 @@ def run(cell: Cell, ctx: RankContext) -> dict[str, Any]:
             batches = iter(loader)
             with WallClock(device) as epoch_clock:
                 for _ in range(steps):
+                    faults.at_step(fault, ctx.rank, step_index)
                     timer.mark()
                     for slot in range(group):  # round robin: load all, train on own
                         batch = to_device(*next(batches))
                         if slot == ctx.rank % group:
                             images, labels = batch
-                    losses.append(train_step(images, labels))
+                    if fault is None:
+                        losses.append(train_step(images, labels))
+                    else:  # injected slowdown: the step's own duration, scaled
+                        began = time.perf_counter()
+                        losses.append(train_step(images, labels))
+                        if device.type == "cuda":
+                            torch.cuda.synchronize(device)
+                        faults.slow_down(fault, ctx.rank, step_index,
+                                         time.perf_counter() - began)
+                    step_index += 1
                 timer.mark()
             epoch_times.append(epoch_clock.seconds)
             # The step between two epochs includes loader start-up: drop it.

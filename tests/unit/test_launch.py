@@ -1,0 +1,53 @@
+"""Real cells through torch.distributed.run on CPU (gloo): skip, no hang, crash."""
+
+import json
+
+import pytest
+
+from perfsuite import cells
+from perfsuite.cells import Cell
+from perfsuite.launch import LaunchOptions, run_cell
+from perfsuite.runner import Runner
+
+
+def tiny(**kw):
+    base = dict(tier="smoke", workload="image", strategy="ddp-ds", device="cpu", world_size=2,
+                precision="fp32", pin_memory=False, dataset="digits", batch_size=16,
+                image_size=16, max_steps=6, warmup_steps=2, timeout_s=180)
+    return Cell(**{**base, **kw})
+
+
+def test_cell_needing_more_gpus_is_skipped_with_reason(tmp_path):
+    cell = cells.get("gate/image/ddp-ds/g4/fp16/px224/nopin/nchw")
+    result = run_cell(cell, tmp_path)
+    assert result["status"] == "skipped"
+    assert result["reason"] == "needs 4 GPU(s), 0 present"
+    assert not (tmp_path / "cells").exists()  # nothing was launched
+
+
+@pytest.mark.slow
+def test_round_robin_with_odd_batch_count_does_not_hang(tmp_path):
+    # 1437 training digits / 17 per batch = 85 batches: odd, for 2 ranks.
+    cell = tiny(strategy="ddp-rr", batch_size=17, max_steps=0)
+    result = run_cell(cell, tmp_path)
+    assert result["status"] == "ok", result.get("output_tail")
+    assert [r["steps"] for r in result["ranks"]] == [42 - 2, 42 - 2]
+    assert result["metrics"]["step_time"]["n"] == 40
+
+
+@pytest.mark.slow
+def test_crash_in_one_cell_keeps_earlier_results(tmp_path):
+    good = tiny(world_size=1)
+    bad = tiny(strategy="ddp", world_size=2)
+    runner = Runner(tmp_path, LaunchOptions(options={"fault": "raise:1:3"}))
+    runner.launch.options = {}
+    first = runner.result(good)
+    runner.launch.options = {"fault": "raise:1:3"}
+    second = runner.result(bad)
+    assert first["status"] == "ok"
+    assert second["status"] == "error"
+    assert "rank 1 failed: RuntimeError: injected fault: rank 1 raised at step 3" in second["reason"]
+    assert "injected fault" in second["output_tail"]
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert [c["status"] for c in saved["cells"]] == ["ok", "error"]
+    assert saved["cells"][0]["metrics"]["step_time"]["samples"] == first["metrics"]["step_time"]["samples"]

@@ -1,0 +1,86 @@
+"""Rank records -> cell result, and the results.json schema."""
+
+import json
+import math
+
+import pytest
+
+from perfsuite import results
+from perfsuite.cells import Cell
+
+
+def cell(**kw):
+    base = dict(tier="smoke", workload="image", strategy="ddp-ds", device="cpu", world_size=2,
+                precision="fp32", pin_memory=False, dataset="digits", batch_size=16, image_size=32)
+    return Cell(**{**base, **kw})
+
+
+def record(rank, samples, **metrics):
+    return {"rank": rank, "status": "ok", "steps": len(samples), "device": "cpu",
+            "env": {"hostname": "h"} if rank == 0 else None,
+            "metrics": {"step_time": {"value": 0, "unit": "s", "samples": samples},
+                        **{k: {"value": v, "unit": "x"} for k, v in metrics.items()}},
+            "info": {"images_per_step": 32}}
+
+
+def aggregate(c, records, **kw):
+    args = dict(returncode=0, timed_out=False, timeout_s=60, output_tail="tail", duration_s=1.0)
+    return results.aggregate(c, records, **{**args, **kw})
+
+
+def test_step_time_is_the_slowest_rank_per_step():
+    out = aggregate(cell(), [record(0, [1.0, 2.0, 3.0], peak_rss=5, h2d_bytes=1, throughput=9),
+                             record(1, [1.5, 1.0, 4.0], peak_rss=7, h2d_bytes=2, throughput=8)])
+    assert out["status"] == "ok"
+    step = out["metrics"]["step_time"]
+    assert step["samples"] == [1.5, 2.0, 4.0] and step["median"] == 2.0 == step["value"]
+    assert step["n"] == 3 and step["unit"] == "s" and {"iqr", "p10", "p90"} <= set(step)
+    assert out["metrics"]["peak_rss"]["value"] == 7  # max over ranks
+    assert out["metrics"]["h2d_bytes"]["value"] == 3  # summed
+    assert out["metrics"]["throughput"]["value"] == 8  # the slower view
+    assert out["env"] == {"hostname": "h"}
+
+
+def test_unequal_step_counts_are_an_error():
+    out = aggregate(cell(), [record(0, [1.0, 2.0]), record(1, [1.0])])
+    assert out["status"] == "error" and "different numbers of measured steps" in out["reason"]
+
+
+def test_missing_rank_record_names_the_rank():
+    out = aggregate(cell(), [record(0, [1.0]), None], returncode=1)
+    assert out["status"] == "error"
+    assert out["reason"].startswith("rank 1 wrote no record")
+    assert out["output_tail"] == "tail"
+
+
+def test_timeout_is_its_own_status():
+    out = aggregate(cell(), [None, None], returncode=-9, timed_out=True)
+    assert out["status"] == "timeout" and "timed out after 60 s" in out["reason"]
+
+
+def test_results_file_schema_and_atomic_rewrite(tmp_path):
+    store = results.ResultsFile(tmp_path, env={"torch": "x"}, argv=["pytest"])
+    first = aggregate(cell(), [record(0, [1.0]), record(1, [1.0], loss=math.nan)])
+    store.add(first)
+    store.add(results.skipped_result(cell(world_size=1), "needs 1 GPU(s), 0 present"))
+    store.add(first)  # a rerun replaces the earlier entry
+    text = (tmp_path / "results.json").read_text()
+    data = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-JSON {c}"))
+    assert data["schema"] == results.SCHEMA
+    assert set(data) == {"schema", "run", "env", "cells"}
+    assert [c["status"] for c in data["cells"]] == ["skipped", "ok"]
+    for entry in data["cells"]:
+        assert {"id", "params", "status", "reason", "env", "metrics", "checks"} <= set(entry)
+        assert entry["status"] in results.STATUSES
+        for metric in entry["metrics"].values():
+            assert {"value", "unit"} <= set(metric)
+    assert not list(tmp_path.glob(".results.json.*"))  # no temporary left behind
+    assert results.load(tmp_path)["cells"][1]["id"] == first["id"]
+
+
+def test_load_names_a_bad_file(tmp_path):
+    (tmp_path / "results.json").write_text("{oops")
+    with pytest.raises(ValueError, match="results.json: not valid JSON"):
+        results.load(tmp_path)
+    with pytest.raises(FileNotFoundError, match="--perf-out"):
+        results.load(tmp_path / "nowhere")
