@@ -54,6 +54,7 @@ class Cell:
     max_seq_len: int = 0  # llm only
     timeout_s: int = 600
     min_accuracy: float = 0.0  # accuracy target kept with the experiment data
+    profile: bool = False  # a profile cell (Fig. 3, 5, 6): profiled by default
     sources: tuple[str, ...] = field(default=(), compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -91,6 +92,8 @@ class Cell:
                      self.memory_format]
         else:
             parts = [self.strategy, self.dataset, ranks, self.precision, pin]
+        if self.profile:
+            parts.append("prof")
         return "/".join([self.tier, self.workload, *parts])
 
     @property

@@ -1,4 +1,4 @@
-"""The ``perfsuite`` command: list, run, overhead."""
+"""The ``perfsuite`` command: list, run, profile, overhead."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     chosen = cells_mod.select(tier=args.tier, workload=args.workload, ids=args.ids)
     runner = Runner(args.out or default_out_dir(),
                     LaunchOptions(data_dir=args.data_dir, options=_parse_options(args.option),
-                                  timeout_s=args.timeout))
+                                  timeout_s=args.timeout, profiler=args.profile))
     bad = 0
     for i, cell in enumerate(chosen, 1):
         print(f"[{i}/{len(chosen)}] {cell.id} ...", flush=True)
@@ -43,6 +43,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print("\n".join("    " + line for line in summary_lines([result])), flush=True)
     print(f"results: {runner.file.path}" if runner.results else "no cell ran")
     return 1 if bad else 0
+
+
+def _cmd_profile(args: argparse.Namespace) -> int:
+    from perfsuite.profiling import NsysError, format_summary, summarize_path
+
+    try:
+        summary = summarize_path(args.path)
+    except (NsysError, FileNotFoundError, ValueError) as err:
+        print(f"perfsuite profile: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(summary.to_dict(), indent=1))
+    else:
+        print(format_summary(summary, top=args.top, h2d_limit_gbps=args.h2d_limit_gbps))
+    return 0
 
 
 def _cmd_overhead(args: argparse.Namespace) -> int:
@@ -73,7 +88,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", type=Path, help="directory with real datasets")
     p.add_argument("--timeout", type=float, help="override each cell's timeout (s)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--profile", choices=["nsys", "torch", "off"],
+                   help="profile every cell (default: only profile cells)")
     p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("profile", help="summarise an nsys report, its CSV exports, "
+                                       "or a perfsuite profile summary")
+    p.add_argument("path", type=Path)
+    p.add_argument("--top", type=int, default=15)
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--h2d-limit-gbps", type=float, help="host-to-device limit to compare with")
+    p.set_defaults(func=_cmd_profile)
 
     p = sub.add_parser("overhead", help="the suite's own overhead on a training step")
     p.add_argument("--device", default="cpu")

@@ -53,6 +53,15 @@ def sanity_checks(cell: Cell, result: dict[str, Any]) -> list[dict[str, Any]]:
         moved = metrics.get("h2d_bytes", {}).get("value")
         checks.append(_check("sanity.h2d_bytes", _finite_positive(moved), moved,
                              "> 0: every batch crosses to the GPU"))
+    profiler = result.get("profiler", {}).get("mode", "off")
+    if profiler != "off":
+        rows = (result.get("profile") or {}).get("rows", [])
+        checks.append(_check("sanity.profile_rows", len(rows) > 0, len(rows),
+                             f"> 0 rows from {profiler}", result["profiler"].get("error", "")))
+        if cell.processes > 1:
+            comm = [r for r in rows if r["category"] == "collective" or "nccl" in r["name"].lower()]
+            checks.append(_check("sanity.profile_collectives", len(comm) > 0, len(comm),
+                                 "> 0 collective rows: ranks exchange gradients"))
     return checks
 
 

@@ -34,6 +34,9 @@ class LaunchOptions:
     data_dir: Path | None = None
     options: dict[str, str] = field(default_factory=dict)  # user paths for workloads
     timeout_s: float | None = None  # overrides the cell's own timeout
+    # None: profile cells get nsys where it works, torch.profiler otherwise;
+    # "nsys" | "torch": every cell is profiled that way; "off": none is.
+    profiler: str | None = None
     python: str = sys.executable
 
 
@@ -47,17 +50,33 @@ def cell_dir(out_dir: Path, cell: Cell) -> Path:
     return Path(out_dir) / "cells" / cell.id
 
 
-def torchrun_argv(cell: Cell, directory: Path, opts: LaunchOptions) -> list[str]:
+def profiler_mode(cell: Cell, opts: LaunchOptions) -> tuple[str, str]:
+    """("nsys" | "torch" | "off", why nsys was not used)."""
+    from perfsuite.profiling import choose_profiler
+
+    requested = opts.profiler
+    if requested is None:
+        requested = "auto" if cell.profile else "off"
+    return choose_profiler(requested, cuda_available=cell.device == "cuda")
+
+
+def torchrun_argv(cell: Cell, directory: Path, opts: LaunchOptions,
+                  profiler: str = "off") -> list[str]:
     """The command, as a list: no shell, nothing built from a string."""
-    argv = [opts.python, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={cell.processes}", "--max-restarts=0",
-            "-m", "perfsuite.worker", "--cell-file", str(directory / "cell.json"),
-            "--out", str(directory)]
+    worker = ["-m", "perfsuite.worker", "--cell-file", str(directory / "cell.json"),
+              "--out", str(directory)]
     if opts.data_dir is not None:
-        argv += ["--data-dir", str(opts.data_dir)]
+        worker += ["--data-dir", str(opts.data_dir)]
     for key, value in sorted(opts.options.items()):
-        argv += ["--option", f"{key}={value}"]
-    return argv
+        worker += ["--option", f"{key}={value}"]
+    argv = [opts.python, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={cell.processes}", "--max-restarts=0"]
+    if profiler == "nsys":  # each rank under its own `nsys profile`, one report per rank
+        from perfsuite.profiling import RANK_OUTPUT_PATTERN, nsys_profile_argv
+
+        target = str(directory / "profile" / RANK_OUTPUT_PATTERN)
+        return argv + ["--no-python", *nsys_profile_argv([opts.python, *worker], target)]
+    return argv + worker
 
 
 def _children(pid: int) -> list[int]:
@@ -98,6 +117,20 @@ def _tail(path: Path) -> str:
     return text[-OUTPUT_TAIL_CHARS:]
 
 
+def _attach_profile(result: dict[str, Any], mode: str, note: str, profile_dir: Path) -> None:
+    """nsys reports become a summary here; torch summaries came with the ranks."""
+    result["profiler"] = {"mode": mode, "note": note}
+    if mode == "nsys" and result["status"] == "ok":
+        from perfsuite.profiling import NsysError, summarize_path
+
+        try:
+            result["profile"] = summarize_path(profile_dir).to_dict()
+        except (NsysError, OSError) as err:  # the timings stand without the profile
+            result["profiler"]["error"] = str(err)
+    if result.get("profile"):  # readable later with `perfsuite profile DIR`
+        atomic_write_json(profile_dir / "summary.json", result["profile"])
+
+
 def run_cell(cell: Cell, out_dir: Path, opts: LaunchOptions | None = None) -> dict[str, Any]:
     """Run ``cell`` and return its result (a dict in the results schema)."""
     opts = opts or LaunchOptions()
@@ -110,9 +143,11 @@ def run_cell(cell: Cell, out_dir: Path, opts: LaunchOptions | None = None) -> di
         shutil.rmtree(directory)
     directory.mkdir(parents=True)
     atomic_write_json(directory / "cell.json", cell.params())
-    argv = torchrun_argv(cell, directory, opts)
+    profiler, profiler_note = profiler_mode(cell, opts)
+    argv = torchrun_argv(cell, directory, opts, profiler)
     timeout = opts.timeout_s or cell.timeout_s
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PERFSUITE_PROFILER": profiler,
+           "PERFSUITE_PROFILE_DIR": str(directory / "profile")}
     log_path = directory / "output.log"
     started = time.time()
     timed_out = False
@@ -137,5 +172,7 @@ def run_cell(cell: Cell, out_dir: Path, opts: LaunchOptions | None = None) -> di
                        duration_s=time.time() - started)
     result["argv"] = argv
     result["dir"] = str(directory)
+    if profiler != "off":
+        _attach_profile(result, profiler, profiler_note, directory / "profile")
     atomic_write_json(directory / "result.json", result)
     return result

@@ -34,6 +34,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="directory with real datasets (MNIST IDX files, ...)")
     group.addoption("--perf-timeout", type=float, default=None, metavar="S",
                     help="override every cell's own timeout (seconds)")
+    group.addoption("--perf-profile", default=None, choices=["nsys", "torch", "off"],
+                    help="profile every cell with Nsight Systems (falls back to "
+                         "torch.profiler where nsys or a GPU is missing) or torch.profiler; "
+                         "default: only profile cells, nsys where possible")
     group.addoption("--perf-option", action="append", default=[], metavar="KEY=VALUE",
                     help="workload option, e.g. llm_checkpoint_dir=/models/llama3-8b")
 
@@ -47,7 +51,8 @@ def _session_runner(config: pytest.Config) -> Runner:
         options[key] = value
     data_dir = config.getoption("--perf-data-dir")
     launch = LaunchOptions(data_dir=Path(data_dir) if data_dir else None, options=options,
-                           timeout_s=config.getoption("--perf-timeout"))
+                           timeout_s=config.getoption("--perf-timeout"),
+                           profiler=config.getoption("--perf-profile"))
     out = config.getoption("--perf-out") or default_out_dir(config.rootpath)
     return Runner(out, launch)
 

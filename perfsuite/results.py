@@ -104,6 +104,12 @@ def aggregate(cell: Cell, records: list[dict | None], *, returncode: int | None,
             result["reason"] = f"ranks took different numbers of measured steps: {sorted(steps)}"
         result["metrics"] = _merge_metrics(good)
         result["info"] = good[0].get("info", {})
+        profiles = [r["profile"] for r in good if r.get("profile")]
+        if profiles:
+            from perfsuite.profiling import ProfileSummary, merge_rank_summaries
+
+            merged = merge_rank_summaries([ProfileSummary.from_dict(p) for p in profiles])
+            result["profile"] = merged.to_dict()
     if result["status"] != "ok":
         result["output_tail"] = output_tail
     return result

@@ -92,19 +92,28 @@ def _autocast(cell: Cell, device: torch.device):
     return contextlib.nullcontext()
 
 
-def make_train_step(cell: Cell, model: nn.Module, device: torch.device):
-    """One optimisation step on a batch already on the device; returns the loss."""
+def _no_phase(name: str):
+    return contextlib.nullcontext()
+
+
+def make_train_step(cell: Cell, model: nn.Module, device: torch.device, phase=_no_phase):
+    """One optimisation step on a batch already on the device; returns the loss.
+
+    ``phase(name)`` labels forward / backward / optimizer for a profiler.
+    """
     optimizer = torch.optim.AdamW(model.parameters(), lr=cell.lr)
     scaler = torch.amp.GradScaler(device.type, enabled=cell.precision == "fp16")
     loss_fn = nn.CrossEntropyLoss()
 
     def train_step(images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        with _autocast(cell, device):
+        with phase("forward"), _autocast(cell, device):
             loss = loss_fn(model(images), labels)
-        optimizer.zero_grad(set_to_none=True)
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
+        with phase("backward"):
+            optimizer.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
+        with phase("optimizer"):
+            scaler.step(optimizer)
+            scaler.update()
         return loss.detach()
 
     return train_step
@@ -132,6 +141,20 @@ def evaluate(cell: Cell, ctx: RankContext, module: nn.Module, dataset) -> float:
     return float(counts[0] / counts[1])
 
 
+PROFILED_STEPS = 10  # a window, not the whole run: traces grow with every step
+
+
+def _step_profiler(cell: Cell, ctx: RankContext):
+    """The launcher's profiler choice, windowed on the first measured steps."""
+    from perfsuite.profiling.torch_profile import StepProfiler
+
+    measured = max(cell.epochs * (cell.max_steps or 10**9) - cell.warmup_steps, 1)
+    warmup = min(cell.warmup_steps, 1)
+    return StepProfiler.from_env(rank=ctx.rank, wait=cell.warmup_steps - warmup,
+                                 warmup=warmup, active=min(PROFILED_STEPS, measured),
+                                 cuda=ctx.device.startswith("cuda"))
+
+
 def run(cell: Cell, ctx: RankContext) -> dict[str, Any]:
     device = torch.device(ctx.device)
     if cell.strategy != "dp":
@@ -141,7 +164,9 @@ def run(cell: Cell, ctx: RankContext) -> dict[str, Any]:
     test_set = image_data.ResizedImages(test_x, test_y, cell.image_size, cell.precision)
 
     model, module = build_model(cell, ctx)
-    train_step = make_train_step(cell, model, device)
+    profiler = _step_profiler(cell, ctx)
+    phase = profiler.phase if profiler.mode != "off" else _no_phase
+    train_step = make_train_step(cell, model, device, phase)
     group = ctx.world_size if cell.strategy == "ddp-rr" else 1
     fault = faults.from_options(ctx.options)
     step_index = 0
@@ -160,7 +185,7 @@ def run(cell: Cell, ctx: RankContext) -> dict[str, Any]:
             images = images.contiguous(memory_format=torch.channels_last)
         return images, labels.to(device, non_blocking=cell.pin_memory)
 
-    with WallClock(device) as total:
+    with profiler, WallClock(device) as total:
         for epoch in range(cell.epochs):
             loader = build_loader(cell, ctx, train_set, epoch)
             steps = steps_per_epoch(cell.strategy, len(loader), ctx.world_size, cell.max_steps)
@@ -169,10 +194,11 @@ def run(cell: Cell, ctx: RankContext) -> dict[str, Any]:
                 for _ in range(steps):
                     faults.at_step(fault, ctx.rank, step_index)
                     timer.mark()
-                    for slot in range(group):  # round robin: load all, train on own
-                        batch = to_device(*next(batches))
-                        if slot == ctx.rank % group:
-                            images, labels = batch
+                    with phase("data"):
+                        for slot in range(group):  # round robin: load all, train on own
+                            batch = to_device(*next(batches))
+                            if slot == ctx.rank % group:
+                                images, labels = batch
                     if fault is None:
                         losses.append(train_step(images, labels))
                     else:  # injected slowdown: the step's own duration, scaled
@@ -183,6 +209,7 @@ def run(cell: Cell, ctx: RankContext) -> dict[str, Any]:
                         faults.slow_down(fault, ctx.rank, step_index,
                                          time.perf_counter() - began)
                     step_index += 1
+                    profiler.step()
                 timer.mark()
             epoch_times.append(epoch_clock.seconds)
             # The step between two epochs includes loader start-up: drop it.
@@ -205,7 +232,9 @@ def run(cell: Cell, ctx: RankContext) -> dict[str, Any]:
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+    summary = profiler.summary()
     return {"metrics": metrics, "steps": len(samples),
+            "profile": summary.to_dict() if summary else None,
             "info": {"precision_effective": effective_precision(cell),
                      "pin_memory_effective": cell.pin_memory and device.type == "cuda",
                      "images_per_step": images_per_step(cell),

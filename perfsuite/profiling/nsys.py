@@ -1,0 +1,432 @@
+"""Nsight Systems: wrap a rank in `nsys profile`, run `nsys stats`, parse its CSVs.
+
+The CSV parser is the part that runs everywhere (CI has no nsys): it accepts
+the 2023 and 2024+ spellings of memory operations, thousands separators,
+notes printed before a header, several reports in one file (the stdout of
+`nsys stats`), quoted names with commas and empty reports.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .summary import ProfileRow, ProfileSummary, api_base_name, merge_rank_summaries
+
+NSYS_REPORTS = (
+    "cuda_api_sum",
+    "cuda_gpu_kern_sum",
+    "cuda_gpu_mem_time_sum",
+    "cuda_gpu_mem_size_sum",
+    "nvtx_sum",
+)
+DEFAULT_TRACE = ("cuda", "nvtx", "osrt", "cublas", "cudnn")
+NSYS_BIN_ENV = "PERFSUITE_NSYS_BIN"  # explicit path to the nsys binary
+# nsys expands %q{VAR} from its own environment: under torchrun each rank's
+# nsys sees its RANK, so one pattern gives one report per rank.
+RANK_OUTPUT_PATTERN = "rank%q{RANK}"
+
+_REPORT_EXTS = (".nsys-rep", ".qdrep", ".sqlite")
+_PER_SECOND = {"ns": 1e9, "us": 1e6, "ms": 1e3, "s": 1.0}  # divide: exact for whole ns
+_SIZE_UNITS = {"B": 1.0, "KB": 1e3, "MB": 1e6, "GB": 1e9, "KiB": 1024.0, "MiB": 1024.0**2, "GiB": 1024.0**3}
+_TIME_COL = re.compile(r"^Total Time \((ns|us|ms|s)\)$")
+_SIZE_COL = re.compile(r"^Total \((B|KB|MB|GB|KiB|MiB|GiB)\)$")
+_NUMBER = re.compile(r"^[+-]?(\d{1,3}(,\d{3})+|\d+)(\.\d*)?([eE][+-]?\d+)?$")
+_MEMOP_WORDS = {"HtoD": "Host-to-Device", "DtoH": "Device-to-Host", "DtoD": "Device-to-Device",
+                "HtoH": "Host-to-Host", "PtoP": "Peer-to-Peer"}
+_RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
+_FIX_HINT = ("re-export it with `nsys stats --report <name> --format csv --output <prefix> <report.nsys-rep>` "
+             "or remove the file from the directory")
+
+
+class NsysError(RuntimeError):
+    """nsys failed or produced something we cannot read."""
+
+
+class NsysNotFoundError(NsysError):
+    """The nsys binary is not installed / not on PATH."""
+
+
+class NsysCsvError(NsysError, ValueError):
+    """A CSV that is not a readable `nsys stats` report."""
+
+
+# -- finding nsys and deciding the profiler --------------------------------
+
+def find_nsys(nsys: str | None = None) -> str | None:
+    """Path of the nsys binary: the argument, $PERFSUITE_NSYS_BIN, then PATH."""
+    candidate = nsys or os.environ.get(NSYS_BIN_ENV) or "nsys"
+    if os.path.sep in candidate:
+        return candidate if os.access(candidate, os.X_OK) else None
+    return shutil.which(candidate)
+
+
+def nsys_available(nsys: str | None = None) -> bool:
+    return find_nsys(nsys) is not None
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def choose_profiler(requested: str = "auto", *, cuda_available: bool | None = None,
+                    nsys: str | None = None) -> tuple[str, str]:
+    """Which profiler to use: ("nsys" | "torch" | "off", why-not-nsys message).
+
+    Nsight Systems needs both a CUDA device and the nsys binary; otherwise the
+    answer is torch.profiler with a message saying what was missing.
+    """
+    if requested not in ("auto", "nsys", "torch", "off"):
+        raise ValueError(f"profiler must be auto, nsys, torch or off, not {requested!r}")
+    if requested in ("torch", "off"):
+        return requested, ""
+    if cuda_available is None:
+        cuda_available = _cuda_available()
+    if not cuda_available:
+        return "torch", "no CUDA device: Nsight Systems traces CUDA, using torch.profiler (CPU activity) instead"
+    if not nsys_available(nsys):
+        return "torch", (f"nsys not found (PATH or ${NSYS_BIN_ENV}): using torch.profiler instead; "
+                         "install Nsight Systems to get the paper's nsys metrics")
+    return "nsys", ""
+
+
+# -- nsys profile / nsys stats command lines -------------------------------
+
+def rank_report_path(out_dir: str | os.PathLike, rank: int) -> Path:
+    """Report base path for one rank (nsys appends .nsys-rep)."""
+    return Path(out_dir) / f"rank{rank}"
+
+
+def nsys_profile_argv(
+    command: Sequence[str],
+    output: str | os.PathLike,
+    *,
+    nsys: str = "nsys",
+    trace: Sequence[str] = DEFAULT_TRACE,
+    capture_range: str | None = "cudaProfilerApi",
+    capture_range_end: str = "stop",
+    extra_args: Sequence[str] = (),
+) -> list[str]:
+    """argv that runs `command` (one rank) under `nsys profile`.
+
+    output: report base path (see rank_report_path) or a pattern using
+    RANK_OUTPUT_PATTERN. With capture_range="cudaProfilerApi" only the span
+    between cudaProfilerStart/Stop is recorded (the measured steps).
+    """
+    if isinstance(command, (str, bytes)):
+        raise TypeError("command must be a list of arguments, not a shell string")
+    argv = [nsys, "profile", "--output", str(output), "--force-overwrite=true",
+            "--trace=" + ",".join(trace), "--sample=none", "--cpuctxsw=none", "--stats=false"]
+    if capture_range:
+        argv += [f"--capture-range={capture_range}", f"--capture-range-end={capture_range_end}"]
+    return argv + list(extra_args) + [str(part) for part in command]
+
+
+def stats_csv_paths(prefix: str | os.PathLike, reports: Sequence[str] = NSYS_REPORTS) -> dict[str, Path]:
+    """Where `nsys stats --format csv --output <prefix>` writes each report."""
+    prefix = Path(prefix)
+    return {name: prefix.with_name(f"{prefix.name}_{name}.csv") for name in reports}
+
+
+def nsys_stats_argv(report: str | os.PathLike, prefix: str | os.PathLike, *, nsys: str = "nsys",
+                    reports: Sequence[str] = NSYS_REPORTS) -> list[str]:
+    argv = [nsys, "stats", "--report", ",".join(reports), "--format", "csv", "--output", str(prefix)]
+    if str(report).endswith((".nsys-rep", ".qdrep")):
+        argv.append("--force-export=true")  # never read a stale .sqlite next to it
+    return argv + [str(report)]
+
+
+def run_nsys_stats(report: str | os.PathLike, out_dir: str | os.PathLike | None = None, *,
+                   nsys: str | None = None, reports: Sequence[str] = NSYS_REPORTS,
+                   timeout_s: float = 1800) -> dict[str, Path]:
+    """Run `nsys stats` on a report; return {report name: CSV path} for the
+    CSVs it wrote (nsys writes none for a report without data)."""
+    binary = find_nsys(nsys)
+    if binary is None:
+        raise NsysNotFoundError(
+            f"cannot read {report}: nsys (Nsight Systems) is not installed or not on PATH. "
+            f"Install it, set ${NSYS_BIN_ENV}, or run `nsys stats --format csv` where it is "
+            "and pass the directory of CSVs instead")
+    report = Path(report)
+    stem = report.name
+    for ext in _REPORT_EXTS:
+        stem = stem.removesuffix(ext)
+    out_dir = Path(out_dir) if out_dir is not None else report.parent
+    if not os.access(out_dir, os.W_OK):
+        out_dir = Path(tempfile.mkdtemp(prefix="perfsuite-nsys-"))
+    prefix = out_dir / stem
+    paths = stats_csv_paths(prefix, reports)
+    for stale in paths.values():
+        stale.unlink(missing_ok=True)
+    argv = nsys_stats_argv(report, prefix, nsys=binary, reports=reports)
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise NsysError(f"`{' '.join(argv)}` took over {timeout_s:.0f} s") from exc
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout or "").strip()[-2000:]
+        raise NsysError(f"`{' '.join(argv)}` exited with {done.returncode}:\n{tail}")
+    return {name: path for name, path in paths.items() if path.is_file()}
+
+
+# -- CSV parsing -----------------------------------------------------------
+
+@dataclass
+class NsysTable:
+    """One report section of an nsys stats CSV."""
+
+    kind: str  # one of NSYS_REPORTS
+    path: str
+    header: list[str]
+    rows: list[dict[str, str]] = field(default_factory=list)
+    line_numbers: list[int] = field(default_factory=list)
+
+
+def _report_kind(header: Sequence[str]) -> str | None:
+    cols = set(header)
+    has_time = any(_TIME_COL.match(c) for c in cols)
+    if "Range" in cols and has_time:
+        return "nvtx_sum"
+    if "Operation" in cols and has_time:
+        return "cuda_gpu_mem_time_sum"
+    if "Operation" in cols and any(_SIZE_COL.match(c) for c in cols):
+        return "cuda_gpu_mem_size_sum"
+    if "Name" in cols and has_time and "Num Calls" in cols:
+        return "cuda_api_sum"
+    if "Name" in cols and has_time and "Instances" in cols:
+        return "cuda_gpu_kern_sum"
+    return None
+
+
+def _parse_number(text: str) -> float:
+    text = text.strip()
+    if not _NUMBER.match(text):
+        raise ValueError(text)
+    return float(text.replace(",", ""))
+
+
+def _is_number(text: str) -> bool:
+    try:
+        _parse_number(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _clean(fields: list[str]) -> list[str]:
+    return [f.strip().lstrip("\ufeff") for f in fields]
+
+
+def read_nsys_csv(path: str | os.PathLike) -> list[NsysTable]:
+    """Every report section in one CSV file (usually one; several when the
+    file is the stdout of `nsys stats`). An empty or skipped report gives []."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise NsysCsvError(f"{path}: cannot read ({exc})") from exc
+    tables: list[NsysTable] = []
+    current: NsysTable | None = None
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            current = None
+            continue
+        raw = next(csv.reader([line]))
+        fields = _clean(raw)
+        kind = _report_kind(fields)
+        if kind is not None:
+            current = NsysTable(kind, str(path), fields)
+            tables.append(current)
+            continue
+        numeric_start = _is_number(fields[0]) and len(fields) >= 3
+        if current is None:
+            if numeric_start:
+                raise NsysCsvError(f"{path}: line {lineno}: data row before any nsys stats header "
+                                   f"(the header row is missing or renamed); {_FIX_HINT}")
+            continue  # a note printed before the header
+        if len(fields) != len(current.header) and not numeric_start:
+            current = None  # a note after the table (e.g. "Processing [...]")
+            continue
+        current.rows.append(_row_dict(raw, current.header, path, lineno))
+        current.line_numbers.append(lineno)
+    if not tables and text.strip() and "SKIPPED" not in text and "does not contain" not in text:
+        raise NsysCsvError(
+            f"{path}: no nsys stats header row found (expected e.g. 'Time (%),Total Time (ns),"
+            f"Num Calls,...,Name'); {_FIX_HINT}")
+    return tables
+
+
+def _row_dict(fields: list[str], header: list[str], path: Path, lineno: int) -> dict[str, str]:
+    n = len(header)
+    if len(fields) > n:
+        # An unquoted name with commas: the name column is last, join it back.
+        # If the spill-over starts with a number it was a thousands separator.
+        spill = fields[n - 1:]
+        if _is_number(spill[0]):
+            raise NsysCsvError(f"{path}: line {lineno}: {len(fields)} fields for {n} columns; "
+                               f"numbers with unquoted thousands separators? {_FIX_HINT}")
+        fields = fields[: n - 1] + [",".join(spill)]
+    fields = _clean(fields)
+    if len(fields) < n:
+        raise NsysCsvError(f"{path}: line {lineno}: {len(fields)} fields for {n} columns "
+                           f"({','.join(header)}); the file is truncated or malformed; {_FIX_HINT}")
+    return dict(zip(header, fields))
+
+
+def _value(table: NsysTable, row: dict[str, str], index: int, column: str) -> float:
+    try:
+        return _parse_number(row[column])
+    except ValueError:
+        line = table.line_numbers[index]
+        raise NsysCsvError(f"{table.path}: line {line}: column {column!r} is {row[column]!r}, "
+                           f"not a number; {_FIX_HINT}") from None
+
+
+def canonical_memop(operation: str) -> str:
+    """'[CUDA memcpy HtoD]' and '[CUDA memcpy Host-to-Device]' -> 'CUDA memcpy Host-to-Device'."""
+    name = operation.strip().strip("[]").strip()
+    for short, long in _MEMOP_WORDS.items():
+        name = re.sub(rf"\b{short}\b", long, name)
+    return " ".join(name.split())
+
+
+def _time_column(header: Sequence[str]) -> tuple[str, float]:
+    for col in header:
+        m = _TIME_COL.match(col)
+        if m:
+            return col, _PER_SECOND[m.group(1)]
+    raise AssertionError("header without a time column")  # _report_kind checked it
+
+
+def _size_column(header: Sequence[str]) -> tuple[str, float]:
+    for col in header:
+        m = _SIZE_COL.match(col)
+        if m:
+            return col, _SIZE_UNITS[m.group(1)]
+    raise AssertionError("header without a size column")
+
+
+def summary_from_tables(tables: Iterable[NsysTable], *, rank: int | None = None,
+                        meta: dict | None = None) -> ProfileSummary:
+    """Turn parsed nsys report sections into one ProfileSummary."""
+    rows: list[ProfileRow] = []
+    memops: dict[str, dict] = {}  # memory ops: time and size reports joined by name
+    files: list[str] = []
+    for table in tables:
+        if Path(table.path).name not in files:
+            files.append(Path(table.path).name)
+        if table.kind == "cuda_gpu_mem_size_sum":
+            size_col, scale = _size_column(table.header)
+            for i, row in enumerate(table.rows):
+                op = memops.setdefault(canonical_memop(row["Operation"]), {})
+                op["bytes"] = op.get("bytes", 0.0) + _value(table, row, i, size_col) * scale
+                op.setdefault("size_calls", 0)
+                op["size_calls"] += int(_value(table, row, i, "Count"))
+            continue
+        time_col, per_second = _time_column(table.header)
+        for i, row in enumerate(table.rows):
+            seconds = _value(table, row, i, time_col) / per_second
+            if table.kind == "cuda_gpu_mem_time_sum":
+                op = memops.setdefault(canonical_memop(row["Operation"]), {})
+                op["total_s"] = op.get("total_s", 0.0) + seconds
+                op["calls"] = op.get("calls", 0) + int(_value(table, row, i, "Count"))
+            elif table.kind == "nvtx_sum":
+                name = row["Range"].removeprefix(":")
+                rows.append(ProfileRow(name, "nvtx", seconds, int(_value(table, row, i, "Instances"))))
+            elif table.kind == "cuda_api_sum":
+                rows.append(ProfileRow(api_base_name(row["Name"]), "cuda_api", seconds,
+                                       int(_value(table, row, i, "Num Calls"))))
+            else:
+                rows.append(ProfileRow(row["Name"], "kernel", seconds, int(_value(table, row, i, "Instances"))))
+    for name, op in memops.items():
+        category = "memset" if "memset" in name.lower() else "memcpy"
+        calls = op.get("calls", op.get("size_calls", 0))
+        rows.append(ProfileRow(name, category, op.get("total_s", 0.0), calls, bytes=op.get("bytes")))
+    return ProfileSummary("nsys", rows, rank=rank, meta={"files": files, **(meta or {})})
+
+
+def summarize_csvs(paths: Iterable[str | os.PathLike], *, rank: int | None = None) -> ProfileSummary:
+    tables: list[NsysTable] = []
+    for path in sorted(paths, key=str):
+        tables.extend(read_nsys_csv(path))
+    return summary_from_tables(tables, rank=rank)
+
+
+def _csv_prefix(path: Path) -> str:
+    for name in NSYS_REPORTS:
+        if path.name.endswith(f"_{name}.csv"):
+            return path.name[: -len(f"_{name}.csv")]
+    return path.stem
+
+
+def _rank_of(name: str) -> int | None:
+    m = _RANK_IN_NAME.search(name)
+    return int(m.group(1)) if m else None
+
+
+def _summarize_groups(groups: dict[str, list[Path]], builder) -> ProfileSummary:
+    parts = []
+    for i, (prefix, members) in enumerate(sorted(groups.items())):
+        rank = _rank_of(prefix)
+        parts.append(builder(members, i if rank is None and len(groups) > 1 else rank))
+    return parts[0] if len(parts) == 1 else merge_rank_summaries(parts)
+
+
+def summarize_path(path: str | os.PathLike, *, nsys: str | None = None) -> ProfileSummary:
+    """A ProfileSummary from an nsys report (.nsys-rep / .sqlite; runs
+    `nsys stats`), a single CSV, a saved summary .json (torch.profiler runs),
+    or a directory of any of these, one per rank (rank0_cuda_api_sum.csv,
+    rank0.nsys-rep, rank0.json): ranks are merged."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such profile report, CSV or directory")
+    if path.is_file():
+        if path.suffix == ".csv":
+            return summarize_csvs([path], rank=_rank_of(path.name))
+        if path.name.endswith(_REPORT_EXTS):
+            return summarize_csvs(run_nsys_stats(path, nsys=nsys).values(), rank=_rank_of(path.name))
+        if path.suffix == ".json":
+            return _read_summary_json(path)
+        raise NsysCsvError(f"{path}: expected a .nsys-rep, .sqlite, .csv or summary .json file, or a directory")
+    # Exported CSVs win over the report they came from (a cache); reports
+    # without CSVs are run through `nsys stats`.
+    groups: dict[str, list[Path]] = {}
+    for csv_path in sorted(path.glob("*.csv")):
+        groups.setdefault(_csv_prefix(csv_path), []).append(csv_path)
+    for candidate in sorted(path.iterdir()):
+        stem = next((candidate.name[: -len(ext)] for ext in _REPORT_EXTS if candidate.name.endswith(ext)), None)
+        if stem is not None and stem not in groups:
+            groups[stem] = [candidate]  # .nsys-rep sorts before .sqlite and wins
+    if not groups:  # torch.profiler runs leave per-rank summary JSON instead
+        saved = [p for p in sorted(path.glob("*.json")) if not p.name.endswith(".trace.json")]
+        if saved:
+            parts = [_read_summary_json(p) for p in saved]
+            return parts[0] if len(parts) == 1 else merge_rank_summaries(parts)
+        raise NsysCsvError(f"{path}: directory has no nsys CSVs (*.csv), reports (*.nsys-rep, *.sqlite) "
+                           "or profile summaries (*.json)")
+    return _summarize_groups(groups, lambda members, rank: _summarize_members(members, rank, nsys))
+
+
+def _summarize_members(members: list[Path], rank: int | None, nsys: str | None) -> ProfileSummary:
+    if members[0].suffix == ".csv":
+        return summarize_csvs(members, rank=rank)
+    return summarize_csvs(run_nsys_stats(members[0], nsys=nsys).values(), rank=rank)
+
+
+def _read_summary_json(path: Path) -> ProfileSummary:
+    try:
+        return ProfileSummary.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise NsysCsvError(f"{path}: not a perfsuite profile summary ({exc})") from exc

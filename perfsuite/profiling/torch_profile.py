@@ -1,0 +1,282 @@
+"""torch.profiler wrapper (the CPU mode and the fallback when nsys is missing).
+
+StepProfiler captures only the measured steps (schedule wait/warmup/active),
+labels the training phases with record_function ("data", "forward",
+"backward", "optimizer", "comm") and, on CUDA, with NVTX ranges of the same
+names so an nsys capture of the same run shows the same phases. In "nsys"
+mode it records nothing itself: it brackets the measured steps with
+cudaProfilerStart/Stop for `nsys profile --capture-range=cudaProfilerApi`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import os
+import re
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function, schedule
+
+from .nsys import canonical_memop
+from .summary import H2D, ProfileRow, ProfileSummary, api_base_name
+
+PHASES = ("data", "forward", "backward", "optimizer", "comm")
+MODES = ("torch", "nsys", "off")
+PROFILER_ENV = "PERFSUITE_PROFILER"  # torch | nsys | off, set by the launcher per rank
+PROFILE_DIR_ENV = "PERFSUITE_PROFILE_DIR"  # where per-rank traces/summaries go
+
+_COLLECTIVE = re.compile(r"^(c10d::|c10d_functional::|_c10d_functional::|gloo:|nccl:|record_param_comms)")
+_CUDA_API = re.compile(r"^cu(da)?[A-Z]")
+_MEMCPY_KIND = re.compile(r"^Memcpy\s+(\w+)")
+
+
+def _us(value: float | None) -> float:
+    return float(value or 0.0) * 1e-6
+
+
+def classify_event(key: str, on_device: bool, user_annotation: bool = False) -> tuple[str, str] | None:
+    """(category, canonical name) for one key_averages() row; None to skip it."""
+    if key.startswith("ProfilerStep"):
+        return None if on_device else ("nvtx", "step")
+    if on_device:
+        if user_annotation:
+            return None  # GPU-side copy of a record_function range
+        if key.startswith("Memset"):
+            return "memset", "CUDA memset"
+        m = _MEMCPY_KIND.match(key)
+        if m:  # "Memcpy HtoD (Pinned -> Device)" -> nsys's "CUDA memcpy Host-to-Device"
+            return "memcpy", canonical_memop(f"CUDA memcpy {m.group(1)}")
+        return "kernel", key
+    if _COLLECTIVE.match(key):  # before annotations: c10d labels gloo ops with record_function
+        return "collective", key
+    if user_annotation or key in PHASES:
+        return "nvtx", key
+    if _CUDA_API.match(key):
+        return "cuda_api", api_base_name(key)
+    return "cpu_op", key
+
+
+def summary_from_key_averages(
+    averages: Iterable[Any],
+    *,
+    rank: int | None = None,
+    steps: int | None = None,
+    window_s: float | None = None,
+    h2d_bytes: float | None = None,
+    meta: dict | None = None,
+) -> ProfileSummary:
+    """Convert profiler key_averages() into a ProfileSummary.
+
+    CPU operators count their self time (rows add up without double
+    counting); labelled ranges, collectives and CUDA API calls their
+    inclusive time, as nsys reports ranges and API calls; GPU rows their
+    device time.
+    """
+    rows: list[ProfileRow] = []
+    for evt in averages:
+        on_device = getattr(evt, "device_type", None) not in (None, torch.autograd.DeviceType.CPU)
+        kind = classify_event(evt.key, on_device, bool(getattr(evt, "is_user_annotation", False)))
+        if kind is None:
+            continue
+        category, name = kind
+        if on_device:
+            seconds = _us(getattr(evt, "self_device_time_total", 0)) or _us(getattr(evt, "device_time_total", 0))
+        elif category == "cpu_op":
+            seconds = _us(evt.self_cpu_time_total)
+        else:
+            seconds = _us(evt.cpu_time_total)
+        rows.append(ProfileRow(name, category, seconds, int(evt.count)))
+    summary = ProfileSummary("torch", rows, rank=rank, steps=steps, window_s=window_s, meta=dict(meta or {}))
+    h2d = summary.find(H2D, "memcpy")  # pageable and pinned copies are one row by now
+    if h2d is not None:
+        h2d.bytes = h2d_bytes
+    return summary
+
+
+def h2d_bytes_from_chrome_trace(path: str | os.PathLike) -> float | None:
+    """Bytes copied host-to-device, from the "bytes" arg of gpu_memcpy events
+    (key_averages has no byte counts)."""
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as handle:
+        trace = json.load(handle)
+    total, seen = 0.0, False
+    for event in trace.get("traceEvents", []):
+        if event.get("cat") == "gpu_memcpy" and "HtoD" in event.get("name", ""):
+            seen = True
+            total += float((event.get("args") or {}).get("bytes", 0))
+    return total if seen else None
+
+
+class StepProfiler:
+    """Profile the measured steps of a training loop.
+
+        with StepProfiler("torch", wait=1, warmup=1, active=3) as prof:
+            for batch in loader:
+                with prof.phase("forward"): ...
+                prof.step()          # once at the end of every step
+        summary = prof.summary()     # ProfileSummary, or None in nsys/off mode
+    """
+
+    def __init__(self, mode: str = "torch", *, wait: int = 1, warmup: int = 1, active: int = 3,
+                 rank: int | None = None, trace_path: str | os.PathLike | None = None,
+                 record_shapes: bool = False, with_stack: bool = False, cuda: bool | None = None,
+                 h2d_from_trace: bool = True) -> None:
+        if mode not in MODES:
+            raise ValueError(f"profiler mode must be one of {MODES}, not {mode!r}")
+        if wait < 0 or warmup < 0 or active < 1:
+            raise ValueError("need wait >= 0, warmup >= 0 and active >= 1")
+        self.mode = mode
+        self.wait, self.warmup, self.active = wait, warmup, active
+        self.rank = rank
+        self.trace_path = Path(trace_path) if trace_path else None
+        self.record_shapes, self.with_stack = record_shapes, with_stack
+        self.cuda = torch.cuda.is_available() if cuda is None else cuda
+        self.h2d_from_trace = h2d_from_trace
+        self._prof: profile | None = None
+        self._summary: ProfileSummary | None = None
+        self._steps_done = 0
+        self._t_start: float | None = None
+        self._t_end: float | None = None
+        self._nsys_capturing = False
+
+    # -- construction from the launcher's environment ------------------
+    @classmethod
+    def from_env(cls, rank: int | None = None, **kwargs: Any) -> StepProfiler:
+        """Mode from $PERFSUITE_PROFILER (default off); the chrome trace goes
+        to $PERFSUITE_PROFILE_DIR/rank<r>.trace.json when that is set."""
+        mode = os.environ.get(PROFILER_ENV, "off") or "off"
+        mode = "torch" if mode == "auto" else mode
+        out_dir = os.environ.get(PROFILE_DIR_ENV)
+        if out_dir and mode == "torch" and "trace_path" not in kwargs:
+            kwargs["trace_path"] = Path(out_dir) / f"rank{rank if rank is not None else 0}.trace.json"
+        return cls(mode, rank=rank, **kwargs)
+
+    @property
+    def capture_begins_after(self) -> int:
+        """Steps run before the capture window opens."""
+        return self.wait + self.warmup
+
+    # -- context manager ---------------------------------------------
+    def __enter__(self):  # returns self
+        if self.mode == "torch":
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
+            self._prof = profile(
+                activities=activities,
+                schedule=schedule(wait=self.wait, warmup=self.warmup, active=self.active, repeat=1),
+                on_trace_ready=self._on_trace_ready,
+                record_shapes=self.record_shapes,
+                with_stack=self.with_stack,
+            )
+            self._prof.__enter__()
+        if self.capture_begins_after == 0:
+            self._open_window()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._t_start is not None and self._t_end is None:
+            self._close_window()
+        if self._prof is not None:
+            self._prof.__exit__(*exc)  # fires on_trace_ready if still recording
+            self._prof = None
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Label a phase: a record_function range, plus an NVTX range on CUDA."""
+        if self.mode == "off":
+            yield
+            return
+        nvtx = self.cuda and torch.cuda.is_available()
+        if nvtx:
+            torch.cuda.nvtx.range_push(name)
+        try:
+            with record_function(name):
+                yield
+        finally:
+            if nvtx:
+                torch.cuda.nvtx.range_pop()
+
+    def step(self) -> None:
+        """Mark the end of one training step."""
+        self._steps_done += 1
+        if self._steps_done == self.capture_begins_after:
+            self._open_window()
+        elif self._steps_done == self.capture_begins_after + self.active:
+            self._close_window()
+        if self._prof is not None:
+            self._prof.step()
+
+    # -- window bookkeeping ------------------------------------------
+    def _sync(self) -> None:
+        if self.cuda and torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+    def _open_window(self) -> None:
+        self._sync()
+        self._t_start = time.perf_counter()
+        if self.mode == "nsys" and self.cuda and torch.cuda.is_available():
+            torch.cuda.profiler.start()  # cudaProfilerStart: nsys starts recording
+            self._nsys_capturing = True
+
+    def _close_window(self) -> None:
+        if self._t_start is None or self._t_end is not None:
+            return
+        self._sync()
+        self._t_end = time.perf_counter()
+        if self._nsys_capturing:
+            torch.cuda.profiler.stop()  # cudaProfilerStop: nsys stops (capture-range-end=stop)
+            self._nsys_capturing = False
+
+    @property
+    def captured_steps(self) -> int:
+        return max(0, min(self.active, self._steps_done - self.capture_begins_after))
+
+    def _on_trace_ready(self, prof: profile) -> None:
+        if self._t_end is None:
+            self._close_window()
+        h2d_bytes = None
+        trace = self.trace_path
+        if trace is not None:
+            trace.parent.mkdir(parents=True, exist_ok=True)
+            prof.export_chrome_trace(str(trace))
+        if self.cuda and self.h2d_from_trace:
+            if trace is None:
+                with tempfile.TemporaryDirectory(prefix="perfsuite-trace-") as tmp:
+                    tmp_trace = Path(tmp) / "trace.json"
+                    prof.export_chrome_trace(str(tmp_trace))
+                    h2d_bytes = h2d_bytes_from_chrome_trace(tmp_trace)
+            else:
+                h2d_bytes = h2d_bytes_from_chrome_trace(trace)
+        window = None if self._t_start is None or self._t_end is None else self._t_end - self._t_start
+        meta = {"device": "cuda" if self.cuda else "cpu", "torch": torch.__version__,
+                "schedule": {"wait": self.wait, "warmup": self.warmup, "active": self.active}}
+        if trace is not None:
+            meta["trace"] = str(trace)
+        self._summary = summary_from_key_averages(
+            prof.key_averages(), rank=self.rank, steps=self.captured_steps, window_s=window,
+            h2d_bytes=h2d_bytes, meta=meta)
+
+    def summary(self) -> ProfileSummary | None:
+        """The captured summary (torch mode, once the window or the with-block
+        closed); None in nsys mode (read the nsys report), in off mode, and
+        when the loop ended before the window opened."""
+        return self._summary
+
+
+def write_summary(summary: ProfileSummary, path: str | os.PathLike) -> Path:
+    """Write a summary as JSON (strict: no NaN)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(summary.to_dict(), indent=1, allow_nan=False), encoding="utf-8")
+    return path
+
+
+def read_summary(path: str | os.PathLike) -> ProfileSummary:
+    return ProfileSummary.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))

@@ -1,0 +1,331 @@
+"""nsys command lines, `nsys stats` CSV parsing and the shared summary schema."""
+
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from perfsuite.profiling import nsys
+from perfsuite.profiling.nsys import (
+    NsysCsvError,
+    NsysNotFoundError,
+    canonical_memop,
+    choose_profiler,
+    nsys_profile_argv,
+    nsys_stats_argv,
+    rank_report_path,
+    read_nsys_csv,
+    stats_csv_paths,
+    summarize_path,
+)
+from perfsuite.profiling.summary import (
+    H2D,
+    PAPER_METRICS,
+    ProfileRow,
+    ProfileSummary,
+    api_base_name,
+    attribute_change,
+    format_summary,
+    merge_rank_summaries,
+    nccl_bus_bandwidth,
+)
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nsys"
+
+
+# -- parsing the two nsys spellings ----------------------------------------
+
+def test_2023_spelling_with_thousands_separators_and_preamble():
+    s = summarize_path(FIXTURES / "v2023")
+    assert s.source == "nsys" and s.rank is None
+    api = s.find("cudaStreamSynchronize", "cuda_api")
+    assert api.total_s == pytest.approx(1.23456789) and api.calls == 2048
+    assert api.avg_s == pytest.approx(1.23456789 / 2048)
+    assert s.find("cudaLaunchKernel").total_s == pytest.approx(0.822)
+    assert s.category_total_s("cuda_api") == pytest.approx(2.73109789)
+    # "[CUDA memcpy HtoD]" is read under the 2024+ name, with its bytes.
+    h2d = s.find(H2D, "memcpy")
+    assert h2d.total_s == pytest.approx(0.8) and h2d.calls == 4000
+    assert h2d.bytes == pytest.approx(19_660.8e6)
+    assert s.h2d_bandwidth_gbps() == pytest.approx(24.576)
+    assert s.find("CUDA memcpy Device-to-Host").bytes == pytest.approx(40e6)
+    assert s.find("CUDA memset", "memset").calls == 5000
+    # ":forward" (default NVTX domain prefix) is read as "forward".
+    assert s.find("forward", "nvtx").total_s == pytest.approx(4.0)
+    assert s.find("backward", "nvtx").share == pytest.approx(0.5)
+    assert s.kernel_time_by_family() == pytest.approx({"compute": 2.5, "nccl": 1.5, "memcpy": 1.0})
+    # the older ncclKernel_AllGather_* name counts as ncclDevKernel_AllGather
+    metrics = s.paper_metrics()
+    assert list(metrics) == list(PAPER_METRICS)
+    assert metrics["ncclDevKernel_AllGather"]["total_s"] == pytest.approx(1.0)
+    assert metrics["ncclDevKernel_AllGather"]["share_of_category"] == pytest.approx(0.25)
+    assert metrics["cudaEventDestroy"]["total_s"] == pytest.approx(0.10925)
+    assert all(m["present"] for m in metrics.values())
+    assert sum(m["percent_of_selected"] for m in metrics.values()) == pytest.approx(100.0)
+
+
+def test_2024_spelling_per_rank_directory_is_merged():
+    s = summarize_path(FIXTURES / "v2024")
+    assert [part.rank for part in s.ranks] == [0, 1]
+    assert s.meta["world_size"] == 2
+    rank0 = s.ranks[0]
+    assert rank0.find(H2D).total_s == pytest.approx(1.5)
+    assert rank0.h2d_bytes == pytest.approx(38_400e6)
+    assert rank0.h2d_bandwidth_gbps() == pytest.approx(25.6)
+    assert rank0.category_total_s("cuda_api") == pytest.approx(10.0)
+    assert rank0.paper_metric("ncclDevKernel_AllGather").total_s == pytest.approx(3.0)
+    assert rank0.kernel_time_by_family() == pytest.approx({"compute": 7.8, "nccl": 4.2, "memcpy": 2.0})
+    # quoted kernel names with commas survive whole
+    assert any(r.name.startswith("void cudnn::engines_precompiled::nchwToNhwcKernel<float, float")
+               and r.name.endswith("const T1 *, T2 *)") for r in rank0.category_rows("kernel"))
+    # sums over ranks, per-rank kept
+    assert s.find("cudaStreamSynchronize").total_s == pytest.approx(10.0)
+    assert s.find("cudaLaunchKernel").calls == 1_200_000
+    assert s.h2d_time_s == pytest.approx(2.9) and s.h2d_bytes == pytest.approx(76_800e6)
+    assert s.per_rank_metric("cudaEventSynchronize") == pytest.approx({0: 0.5, 1: 0.83})
+    assert s.find("comm", "nvtx").total_s == pytest.approx(0.5)
+
+
+def test_both_spellings_give_the_same_names():
+    old = {r.name for r in summarize_path(FIXTURES / "v2023").rows if r.category in ("memcpy", "memset")}
+    new = {r.name for r in summarize_path(FIXTURES / "v2024").rows if r.category in ("memcpy", "memset")}
+    assert old == new == {H2D, "CUDA memcpy Device-to-Host", "CUDA memcpy Device-to-Device", "CUDA memset"}
+    assert canonical_memop("[CUDA memcpy PtoP]") == "CUDA memcpy Peer-to-Peer"
+
+
+def test_stdout_bundle_with_notes_and_skipped_report():
+    tables = read_nsys_csv(FIXTURES / "bundle" / "stats_stdout.csv")
+    assert [t.kind for t in tables] == ["cuda_api_sum", "cuda_gpu_kern_sum", "cuda_gpu_mem_time_sum",
+                                        "cuda_gpu_mem_size_sum"]
+    s = summarize_path(FIXTURES / "bundle" / "stats_stdout.csv")
+    assert s.find("cudaStreamSynchronize").total_s == pytest.approx(0.002)  # "_v3020" suffix dropped
+    assert s.h2d_bytes == pytest.approx(20e6) and s.h2d_bandwidth_gbps() == pytest.approx(20.0)
+    assert s.category_rows("nvtx") == []
+
+
+def test_empty_reports_give_an_empty_summary():
+    s = summarize_path(FIXTURES / "empty")
+    assert s.rows == [] and s.rank == 0
+    assert s.h2d_bytes is None and s.h2d_bandwidth_gbps() is None
+    assert s.paper_metrics()["cudaLaunchKernel"] == {
+        "present": False, "total_s": 0.0, "calls": 0, "share_of_category": 0.0, "percent_of_selected": 0.0}
+    json.dumps(s.to_dict(), allow_nan=False)
+
+
+@pytest.mark.parametrize("name, message", [
+    ("truncated_row.csv", r"truncated_row\.csv: line 3: 4 fields for 9 columns.*re-export"),
+    ("not_a_number.csv", r"not_a_number\.csv: line 3: column 'Total Time \(ns\)' is 'n/a', not a number"),
+    ("no_header.csv", r"no_header\.csv: no nsys stats header row found"),
+])
+def test_malformed_csv_names_file_row_and_fix(name, message):
+    with pytest.raises(NsysCsvError, match=message):
+        summarize_path(FIXTURES / "malformed" / name)
+
+
+def test_data_before_header_and_unquoted_fields(tmp_path):
+    headless = tmp_path / "x_cuda_api_sum.csv"
+    headless.write_text("70.0,7000000,700,10000.0,9000.0,2000,40000,5000.0,cudaLaunchKernel\n")
+    with pytest.raises(NsysCsvError, match=r"line 1: data row before any nsys stats header"):
+        read_nsys_csv(headless)
+    header = "Time (%),Total Time (ns),Instances,Avg (ns),Med (ns),Min (ns),Max (ns),StdDev (ns),Name\n"
+    unquoted = tmp_path / "k.csv"
+    unquoted.write_text(header + "100.0,5000,5,1000.0,1000.0,900,1100,10.0,void k<float, 4>(int, float)\n")
+    assert summarize_path(unquoted).rows[0].name == "void k<float, 4>(int, float)"
+    separators = tmp_path / "s.csv"
+    separators.write_text(header + "100.0,5,000,5,1000.0,1000.0,900,1100,10.0,kern\n")
+    with pytest.raises(NsysCsvError, match="unquoted thousands separators"):
+        summarize_path(separators)
+
+
+def test_other_time_units_and_sizes(tmp_path):
+    path = tmp_path / "r_cuda_gpu_mem_size_sum.csv"
+    path.write_text("Total (GB),Count,Avg (GB),Med (GB),Min (GB),Max (GB),StdDev (GB),Operation\n"
+                    "2.5,4,0.625,0.625,0.625,0.625,0.0,[CUDA memcpy HtoD]\n")
+    (tmp_path / "r_cuda_gpu_mem_time_sum.csv").write_text(
+        "Time (%),Total Time (us),Count,Avg (us),Med (us),Min (us),Max (us),StdDev (us),Operation\n"
+        "100.0,250000,4,62500,62500,62500,62500,0,[CUDA memcpy HtoD]\n")
+    s = summarize_path(tmp_path)
+    assert s.h2d_bytes == pytest.approx(2.5e9) and s.h2d_time_s == pytest.approx(0.25)
+    assert s.h2d_fraction_of_limit(20.0) == pytest.approx(0.5)
+
+
+# -- command lines and running nsys ------------------------------------------
+
+def test_profile_argv_is_a_list_with_capture_range_and_rank_report():
+    out = rank_report_path("/runs/cell", 3)
+    argv = nsys_profile_argv(["python", "-m", "perfsuite.worker", "--cell", "a b"], out)
+    assert argv[:2] == ["nsys", "profile"]
+    assert argv[argv.index("--output") + 1] == "/runs/cell/rank3"
+    assert "--capture-range=cudaProfilerApi" in argv and "--capture-range-end=stop" in argv
+    assert "--trace=cuda,nvtx,osrt,cublas,cudnn" in argv
+    assert argv[-5:] == ["python", "-m", "perfsuite.worker", "--cell", "a b"]
+    pattern = nsys_profile_argv(["python", "w.py"], f"/runs/cell/{nsys.RANK_OUTPUT_PATTERN}",
+                                capture_range=None)
+    assert "/runs/cell/rank%q{RANK}" in pattern and not any("capture-range" in a for a in pattern)
+    with pytest.raises(TypeError):
+        nsys_profile_argv("python w.py", out)
+
+
+def test_stats_argv_and_csv_names():
+    argv = nsys_stats_argv("/r/rank0.nsys-rep", "/r/rank0")
+    assert argv[:2] == ["nsys", "stats"]
+    assert argv[argv.index("--report") + 1] == ",".join(nsys.NSYS_REPORTS)
+    assert argv[argv.index("--format") + 1] == "csv" and argv[-1] == "/r/rank0.nsys-rep"
+    assert "--force-export=true" in argv
+    assert stats_csv_paths("/r/rank0")["cuda_api_sum"] == Path("/r/rank0_cuda_api_sum.csv")
+
+
+FAKE_NSYS = """#!{python}
+# Stands in for `nsys stats`: copies fixture CSVs to <prefix>_<report>.csv.
+import shutil, sys
+args = sys.argv[1:]
+assert args[0] == "stats", args
+prefix = args[args.index("--output") + 1]
+for report in args[args.index("--report") + 1].split(","):
+    if report != "nvtx_sum":  # nsys writes nothing for a skipped report
+        shutil.copy("{fixtures}/rank0_" + report + ".csv", prefix + "_" + report + ".csv")
+"""
+
+
+def test_summarize_report_runs_nsys_stats(tmp_path):
+    fake = tmp_path / "bin" / "nsys"
+    fake.parent.mkdir()
+    fake.write_text(FAKE_NSYS.format(python=sys.executable, fixtures=FIXTURES / "v2024"))
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for rank in (0, 1):
+        (runs / f"rank{rank}.nsys-rep").write_bytes(b"")
+    one = summarize_path(runs / "rank1.nsys-rep", nsys=str(fake))
+    assert one.rank == 1 and one.find("cudaLaunchKernel").total_s == pytest.approx(3.0)
+    assert one.category_rows("nvtx") == []
+    (runs / "rank1_cuda_api_sum.csv").unlink()  # the directory path re-reads what is there
+    both = summarize_path(runs, nsys=str(fake))
+    assert [p.rank for p in both.ranks] == [0, 1]
+    assert both.ranks[1].category_rows("cuda_api") == []
+
+
+def test_missing_nsys_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv(nsys.NSYS_BIN_ENV, raising=False)
+    report = tmp_path / "rank0.nsys-rep"
+    report.write_bytes(b"")
+    assert not nsys.nsys_available()
+    with pytest.raises(NsysNotFoundError, match=r"nsys \(Nsight Systems\) is not installed"):
+        summarize_path(report)
+
+
+def test_choose_profiler_falls_back_to_torch(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv(nsys.NSYS_BIN_ENV, raising=False)
+    mode, why = choose_profiler("auto", cuda_available=True)
+    assert mode == "torch" and "nsys not found" in why
+    mode, why = choose_profiler("nsys", cuda_available=False)
+    assert mode == "torch" and "no CUDA device" in why
+    assert choose_profiler("off") == ("off", "")
+    fake = tmp_path / "nsys"
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv(nsys.NSYS_BIN_ENV, str(fake))
+    assert choose_profiler("auto", cuda_available=True) == ("nsys", "")
+    with pytest.raises(ValueError):
+        choose_profiler("perf")
+
+
+# -- the summary schema ------------------------------------------------------
+
+def test_summary_json_round_trip(tmp_path):
+    s = summarize_path(FIXTURES / "v2024")
+    text = json.dumps(s.to_dict(), allow_nan=False)
+    back = ProfileSummary.from_dict(json.loads(text))
+    assert back.to_dict() == s.to_dict()
+    data = json.loads(text)
+    assert data["schema"] == "perfsuite.profile/1"
+    assert data["h2d"]["bandwidth_gbps"] == pytest.approx(76.8 / 2.9)
+    assert {"name", "category", "total_s", "calls", "avg_s", "share"} <= set(data["rows"][0])
+    saved = Path(tmp_path) / "rank0.json"
+    saved.write_text(text)
+    assert summarize_path(saved).to_dict() == s.to_dict()
+    saved.write_text('{"schema": "other/1"}')
+    with pytest.raises(NsysCsvError, match=r"rank0\.json: not a perfsuite profile summary"):
+        summarize_path(tmp_path)
+    with pytest.raises(ValueError, match="unknown profile row category"):
+        ProfileRow("x", "gpu", 1.0, 1)
+
+
+def test_text_view_shows_table1_and_bandwidth():
+    text = format_summary(summarize_path(FIXTURES / "v2024"), top=3, h2d_limit_gbps=64)
+    assert "all ranks" in text and "ncclDevKernel_AllGather" in text
+    assert "76.800 GB in 2.900000 s = 26.48 GB/s (41% of 64 GB/s)" in text
+    rows = text.split("top 3 rows:")[1].strip().splitlines()
+    assert [row.split()[0] for row in rows] == ["nvtx", "kernel", "cuda_api"]
+
+
+def test_api_suffixes_are_dropped():
+    assert api_base_name("cudaLaunchKernel_v7000") == "cudaLaunchKernel"
+    assert api_base_name("cudaMemcpyAsync_ptsz_v7000") == "cudaMemcpyAsync"
+    assert api_base_name("cudaStreamSynchronize") == "cudaStreamSynchronize"
+
+
+@pytest.mark.parametrize("op, factor", [("all_reduce", 2 * 3 / 4), ("allgather", 3 / 4),
+                                        ("reduce_scatter", 3 / 4), ("broadcast", 1.0)])
+def test_bus_bandwidth_follows_nccl_tests(op, factor):
+    bw = nccl_bus_bandwidth(op, nbytes=8e9, seconds=0.5, world_size=4)
+    assert bw.algbw_gbps == pytest.approx(16.0)
+    assert bw.busbw_gbps == pytest.approx(16.0 * factor)
+
+
+def test_bus_bandwidth_edge_cases():
+    assert nccl_bus_bandwidth("all_reduce", 1e9, 1.0, 1).busbw_gbps == 0.0
+    with pytest.raises(ValueError):
+        nccl_bus_bandwidth("gather", 1e9, 1.0, 2)
+    with pytest.raises(ValueError):
+        nccl_bus_bandwidth("all_reduce", 1e9, 0.0, 2)
+
+
+def _summary(rows, steps=None):
+    return ProfileSummary("nsys", [ProfileRow(n, c, t, 1) for n, c, t in rows], steps=steps)
+
+
+def test_attribution_orders_by_absolute_and_relative_change():
+    base = _summary([("cudaLaunchKernel", "cuda_api", 10.0), ("cudaStreamSynchronize", "cuda_api", 5.0),
+                     (H2D, "memcpy", 1.0), ("cudaFree", "cuda_api", 0.5), ("same", "kernel", 2.0)])
+    cur = _summary([("cudaLaunchKernel", "cuda_api", 12.0), ("cudaStreamSynchronize", "cuda_api", 2.0),
+                    (H2D, "memcpy", 1.5), ("ncclDevKernel_AllGather_RING_LL", "kernel", 0.2),
+                    ("same", "kernel", 2.0)])
+    by_abs = attribute_change(base, cur)
+    assert [d.name for d in by_abs] == ["cudaStreamSynchronize", "cudaLaunchKernel", "cudaFree", H2D,
+                                        "ncclDevKernel_AllGather_RING_LL"]
+    assert by_abs[0].delta_s == pytest.approx(-3.0) and by_abs[0].relative == pytest.approx(-0.6)
+    by_rel = attribute_change(base, cur, by="rel", min_abs_s=0.3)
+    assert [d.name for d in by_rel] == ["cudaFree", "cudaStreamSynchronize", H2D, "cudaLaunchKernel"]
+    assert by_rel[0].to_dict()["status"] == "gone"
+    new = attribute_change(base, cur, by="rel", categories=["kernel"])
+    assert new[0].relative is None and new[0].to_dict()["status"] == "new"
+    assert attribute_change(base, cur, top=2, categories=["cuda_api"])[1].name == "cudaLaunchKernel"
+
+
+def test_attribution_is_per_step_when_steps_are_known():
+    base = _summary([("k", "kernel", 10.0)], steps=10)
+    cur = _summary([("k", "kernel", 22.0)], steps=20)
+    (delta,) = attribute_change(base, cur)
+    assert delta.baseline_s == pytest.approx(1.0) and delta.current_s == pytest.approx(1.1)
+
+
+def test_merge_of_unranked_parts_numbers_them():
+    a = _summary([("k", "kernel", 1.0)], steps=5)
+    b = _summary([("k", "kernel", 3.0)], steps=5)
+    merged = merge_rank_summaries([a, b])
+    assert merged.find("k").total_s == 4.0 and merged.steps == 5
+    assert [p.rank for p in merged.ranks] == [0, 1]
+    with pytest.raises(ValueError):
+        merge_rank_summaries([])
+
+
+def test_fixture_files_exist_in_both_spellings():
+    assert "[CUDA memcpy HtoD]" in (FIXTURES / "v2023" / "report1_cuda_gpu_mem_time_sum.csv").read_text()
+    assert "[CUDA memcpy Host-to-Device]" in (FIXTURES / "v2024" / "rank0_cuda_gpu_mem_time_sum.csv").read_text()
+    assert os.path.getsize(FIXTURES / "empty" / "rank0_nvtx_sum.csv") == 0
