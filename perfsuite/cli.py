@@ -16,32 +16,36 @@ def _cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parse_options(pairs: list[str]) -> dict[str, str]:
-    bad = [p for p in pairs if "=" not in p]
-    if bad:
-        raise SystemExit(f"perfsuite: --option {bad[0]!r}: expected KEY=VALUE")
-    return dict(p.split("=", 1) for p in pairs)
-
-
 def _cmd_run(args: argparse.Namespace) -> int:
     from perfsuite.judge import failures
-    from perfsuite.launch import LaunchOptions
     from perfsuite.report import summary_lines
-    from perfsuite.runner import Runner, default_out_dir
+    from perfsuite.runner import Runner, default_out_dir, handle_sigterm, launch_options
 
     if not args.ids and not args.tier:
         raise SystemExit("perfsuite run: give cell ids or --tier; `perfsuite list` prints ids")
     chosen = cells_mod.select(tier=args.tier, workload=args.workload, ids=args.ids)
-    runner = Runner(args.out or default_out_dir(),
-                    LaunchOptions(data_dir=args.data_dir, options=_parse_options(args.option),
-                                  timeout_s=args.timeout, profiler=args.profile))
+    try:
+        launch = launch_options(
+            data_dir=args.data_dir, options=args.option, timeout=args.timeout,
+            profiler=args.profile, gpus=args.gpus, nnodes=args.nnodes,
+            rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id, slurm=args.slurm)
+    except ValueError as err:
+        raise SystemExit(f"perfsuite run: {err}") from None
+    runner = Runner(args.out or default_out_dir(), launch, resume=args.resume)
+    handle_sigterm()
     bad = 0
-    for i, cell in enumerate(chosen, 1):
-        print(f"[{i}/{len(chosen)}] {cell.id} ...", flush=True)
-        result = runner.result(cell)
-        bad += result["status"] not in ("ok", "skipped") or bool(failures(result))
-        print("\n".join("    " + line for line in summary_lines([result])), flush=True)
-    print(f"results: {runner.file.path}" if runner.results else "no cell ran")
+    try:
+        for i, cell in enumerate(chosen, 1):
+            print(f"[{i}/{len(chosen)}] {cell.id} ...", flush=True)
+            result = runner.result(cell)
+            bad += result["status"] not in ("ok", "skipped") or bool(failures(result))
+            print("\n".join("    " + line for line in summary_lines([result])), flush=True)
+    except KeyboardInterrupt as stop:
+        print(f"interrupted ({stop or 'Ctrl-C'}): {len(runner.results)} cell(s) kept in "
+              f"{runner.out_dir / 'results.json'}", file=sys.stderr)
+        return 130
+    kept = [r for r in runner.results if not r.get("partner")]
+    print(f"results: {runner.file.path}" if kept else "no result written here")
     return 1 if bad else 0
 
 
@@ -90,6 +94,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--profile", choices=["nsys", "torch", "off"],
                    help="profile every cell (default: only profile cells)")
+    p.add_argument("--resume", action="store_true",
+                   help="keep cells an earlier run into --out measured fully")
+    p.add_argument("--gpus", metavar="0,1", help="GPUs this run may use")
+    p.add_argument("--nnodes", type=int, default=1, help="nodes a cell spans (c10d)")
+    p.add_argument("--rdzv-endpoint", metavar="HOST:PORT")
+    p.add_argument("--rdzv-id", metavar="JOB", help="the same on every node, new per job")
+    p.add_argument("--slurm", action="store_true",
+                   help="inside a SLURM allocation: nodes from the job, torchrun via srun")
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("profile", help="summarise an nsys report, its CSV exports, "

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 
 @dataclass
@@ -18,6 +19,11 @@ class RankContext:
     data_dir: Path | None = None
     options: dict[str, str] = field(default_factory=dict)
     seed: int = 0
+    progress: Any = None  # meter.Progress: call progress.update(step, phase)
+
+    def report_progress(self, step: int, phase: str = "step") -> None:
+        if self.progress is not None:
+            self.progress.update(step, phase)
 
     @classmethod
     def from_env(cls, device_type: str, out_dir: Path, data_dir: Path | None = None,

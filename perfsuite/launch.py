@@ -1,10 +1,10 @@
 """Run one cell on its ranks through torch.distributed.run, and collect them.
 
 No launcher of our own: each cell is one ``python -m torch.distributed.run``
-invocation. ``--standalone`` gives every cell a fresh c10d rendezvous on a
-free local port, so cells (and two suite runs on one machine) never share a
-port. The whole process tree lives in its own session so a timeout can end
-all of it.
+invocation (under ``srun`` on SLURM). On one node ``--standalone`` gives every
+cell a fresh c10d rendezvous on a free local port, so cells (and two suite
+runs on one machine) never share a port. The whole process tree lives in its
+own session so a timeout or an interruption can end all of it.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from perfsuite import diagnose, multinode
 from perfsuite.cells import Cell
 from perfsuite.fsutil import atomic_write_json
 from perfsuite.results import aggregate, skipped_result
@@ -37,6 +38,8 @@ class LaunchOptions:
     # None: profile cells get nsys where it works, torch.profiler otherwise;
     # "nsys" | "torch": every cell is profiled that way; "off": none is.
     profiler: str | None = None
+    gpus: list[int] | None = None  # this session's GPUs (CUDA_VISIBLE_DEVICES)
+    nodes: "multinode.Nodes" = field(default_factory=lambda: multinode.Nodes())
     python: str = sys.executable
 
 
@@ -60,8 +63,8 @@ def profiler_mode(cell: Cell, opts: LaunchOptions) -> tuple[str, str]:
     return choose_profiler(requested, cuda_available=cell.device == "cuda")
 
 
-def torchrun_argv(cell: Cell, directory: Path, opts: LaunchOptions,
-                  profiler: str = "off") -> list[str]:
+def torchrun_argv(cell: Cell, directory: Path, opts: LaunchOptions, profiler: str = "off",
+                  plan: "multinode.Plan | None" = None) -> list[str]:
     """The command, as a list: no shell, nothing built from a string."""
     worker = ["-m", "perfsuite.worker", "--cell-file", str(directory / "cell.json"),
               "--out", str(directory)]
@@ -69,8 +72,10 @@ def torchrun_argv(cell: Cell, directory: Path, opts: LaunchOptions,
         worker += ["--data-dir", str(opts.data_dir)]
     for key, value in sorted(opts.options.items()):
         worker += ["--option", f"{key}={value}"]
-    argv = [opts.python, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={cell.processes}", "--max-restarts=0"]
+    plan = plan or multinode.plan(cell, multinode.Nodes())
+    argv = [opts.python, "-m", "torch.distributed.run", *plan.rendezvous_args(),
+            f"--nproc-per-node={plan.procs_per_node}", "--max-restarts=0",
+            "--tee=3", f"--log-line-prefix-template={diagnose.RANK_PREFIX}"]
     if profiler == "nsys":  # each rank under its own `nsys profile`, one report per rank
         from perfsuite.profiling import RANK_OUTPUT_PATTERN, nsys_profile_argv
 
@@ -109,14 +114,6 @@ def _end_process_tree(proc: subprocess.Popen, dump_stacks: bool) -> None:
             continue
 
 
-def _tail(path: Path) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return ""
-    return text[-OUTPUT_TAIL_CHARS:]
-
-
 def _attach_profile(result: dict[str, Any], mode: str, note: str, profile_dir: Path) -> None:
     """nsys reports become a summary here; torch summaries came with the ranks."""
     result["profiler"] = {"mode": mode, "note": note}
@@ -131,24 +128,68 @@ def _attach_profile(result: dict[str, Any], mode: str, note: str, profile_dir: P
         atomic_write_json(profile_dir / "summary.json", result["profile"])
 
 
+def _records(directory: Path, processes: int, token: str, wait_s: float) -> list[dict | None]:
+    """This run's rank records; waits a little for ranks on other nodes."""
+    deadline = time.time() + wait_s
+    while True:
+        records = []
+        for rank in range(processes):
+            path = directory / f"rank{rank}.json"
+            try:
+                record = json.loads(path.read_text())
+            except (OSError, ValueError):
+                record = None
+            records.append(record if record and record.get("run_token") == token else None)
+        if all(records) or time.time() >= deadline:
+            return records
+        time.sleep(0.5)
+
+
+def _failure(cell: Cell, directory: Path, records: list[dict | None], log_text: str,
+             returncode: int | None, timed_out: bool, timeout: float) -> tuple[str, str | None, dict]:
+    """(status, reason, per-rank facts) of a finished launch."""
+    if timed_out:
+        progress = diagnose.read_progress(directory)
+        stacks = diagnose.read_stacks(directory)
+        report = diagnose.hang_report(cell.processes, progress, stacks)
+        facts = {r: {"progress": progress.get(r), "stack": stacks.get(r)}
+                 for r in range(cell.processes)}
+        return "timeout", f"no result within {timeout:.0f} s: {report}", facts
+    failed = returncode != 0 or any(r is None or r.get("status") != "ok" for r in records)
+    if not failed:
+        return "ok", None, {}
+    reason, facts = diagnose.crash_report(log_text, records)
+    return "error", reason, facts
+
+
 def run_cell(cell: Cell, out_dir: Path, opts: LaunchOptions | None = None) -> dict[str, Any]:
     """Run ``cell`` and return its result (a dict in the results schema)."""
     opts = opts or LaunchOptions()
-    present = gpus_present() if cell.device == "cuda" else 0
-    if cell.gpus_needed > present:
-        return skipped_result(cell, f"needs {cell.gpus_needed} GPU(s), {present} present")
+    try:
+        plan = multinode.plan(cell, opts.nodes)
+    except multinode.PlanError as err:
+        return skipped_result(cell, str(err))
+    present = len(opts.gpus) if opts.gpus is not None else (
+        gpus_present() if cell.device == "cuda" else 0)
+    if cell.device == "cuda" and plan.procs_per_node > present:
+        return skipped_result(cell, f"needs {plan.procs_per_node * plan.nnodes} GPU(s)"
+                                    f"{' per node' if plan.nnodes > 1 else ''}, "
+                                    f"{present} present")
 
     directory = cell_dir(out_dir, cell)
-    if directory.exists():  # stale rank records must never be read as this run's
-        shutil.rmtree(directory)
-    directory.mkdir(parents=True)
+    if plan.nnodes == 1 and directory.exists():
+        shutil.rmtree(directory)  # other nodes may share a multi-node cell's directory
+    directory.mkdir(parents=True, exist_ok=True)
     atomic_write_json(directory / "cell.json", cell.params())
     profiler, profiler_note = profiler_mode(cell, opts)
-    argv = torchrun_argv(cell, directory, opts, profiler)
+    argv = plan.wrap(torchrun_argv(cell, directory, opts, profiler, plan))
     timeout = opts.timeout_s or cell.timeout_s
+    token = plan.run_token
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PERFSUITE_PROFILER": profiler,
-           "PERFSUITE_PROFILE_DIR": str(directory / "profile")}
-    log_path = directory / "output.log"
+           "PERFSUITE_PROFILE_DIR": str(directory / "profile"), "PERFSUITE_RUN_TOKEN": token}
+    if opts.gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, opts.gpus))
+    log_path = directory / plan.log_name
     started = time.time()
     timed_out = False
     with open(log_path, "wb") as log:
@@ -160,16 +201,23 @@ def run_cell(cell: Cell, out_dir: Path, opts: LaunchOptions | None = None) -> di
             timed_out = True
             _end_process_tree(proc, dump_stacks=True)
             returncode = proc.returncode
-        except BaseException:  # Ctrl-C: leave no rank behind, then let it propagate
+        except BaseException:  # Ctrl-C, SIGTERM: leave no rank behind, then propagate
             _end_process_tree(proc, dump_stacks=False)
             raise
-    records = []
-    for rank in range(cell.processes):
-        path = directory / f"rank{rank}.json"
-        records.append(json.loads(path.read_text()) if path.exists() else None)
-    result = aggregate(cell, records, returncode=returncode, timed_out=timed_out,
-                       timeout_s=timeout, output_tail=_tail(log_path),
+    records = _records(directory, cell.processes, token,
+                       wait_s=plan.record_wait_s if returncode == 0 else 0)
+    if plan.partner_of(records, proc.pid):
+        return skipped_result(cell, plan.partner_reason(records), partner=True)
+    log_text = log_path.read_text(errors="replace")
+    status, reason, facts = _failure(cell, directory, records, log_text, returncode,
+                                     timed_out, timeout)
+    result = aggregate(cell, records, status=status, reason=reason,
                        duration_s=time.time() - started)
+    for rank, extra in facts.items():
+        if rank < len(result["ranks"]):
+            result["ranks"][rank].update(extra)
+    if status != "ok":
+        result["output_tail"] = log_text[-OUTPUT_TAIL_CHARS:]
     result["argv"] = argv
     result["dir"] = str(directory)
     if profiler != "off":

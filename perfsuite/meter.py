@@ -9,8 +9,10 @@ are recorded but excluded from the samples.
 
 from __future__ import annotations
 
+import os
 import resource
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -84,6 +86,29 @@ class WallClock:
     @property
     def seconds(self) -> float:
         return self.stopped - self.started
+
+
+class Progress:
+    """The step and phase this rank last entered, for diagnosing a hang.
+
+    One fixed-width record rewritten in place with ``os.pwrite``: a few
+    microseconds a step, no fsync, readable by the launcher at any time.
+    """
+
+    WIDTH = 64
+
+    def __init__(self, path: Path | None) -> None:
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644) if path else None
+
+    def update(self, step: int, phase: str = "step") -> None:
+        if self._fd is not None:
+            line = f"{step} {time.time():.3f} {phase}"[: self.WIDTH - 1]
+            os.pwrite(self._fd, line.ljust(self.WIDTH - 1).encode() + b"\n", 0)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def reset_peak_memory(device: torch.device) -> None:

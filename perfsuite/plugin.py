@@ -15,10 +15,10 @@ import pytest
 
 from perfsuite import cells as cells_mod
 from perfsuite import report
-from perfsuite.launch import LaunchOptions
-from perfsuite.runner import Runner, default_out_dir
+from perfsuite.runner import Runner, default_out_dir, handle_sigterm, launch_options
 
 SESSION_KEY = pytest.StashKey["Runner"]()
+PREVIOUS_SIGTERM = pytest.StashKey[object]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -38,23 +38,33 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="profile every cell with Nsight Systems (falls back to "
                          "torch.profiler where nsys or a GPU is missing) or torch.profiler; "
                          "default: only profile cells, nsys where possible")
+    group.addoption("--perf-resume", action="store_true",
+                    help="keep cells an earlier run into --perf-out measured fully")
+    group.addoption("--perf-gpus", default=None, metavar="0,1",
+                    help="GPUs this session may use (CUDA_VISIBLE_DEVICES for its cells)")
+    group.addoption("--perf-nnodes", type=int, default=1, metavar="N",
+                    help="nodes a cell spans (torchrun c10d rendezvous; run on every node)")
+    group.addoption("--perf-rdzv-endpoint", default=None, metavar="HOST:PORT")
+    group.addoption("--perf-rdzv-id", default=None, metavar="JOB",
+                    help="rendezvous id, the same on every node, new for every job")
+    group.addoption("--perf-slurm", action="store_true",
+                    help="inside a SLURM allocation: nodes from the job, torchrun via srun")
     group.addoption("--perf-option", action="append", default=[], metavar="KEY=VALUE",
                     help="workload option, e.g. llm_checkpoint_dir=/models/llama3-8b")
 
 
 def _session_runner(config: pytest.Config) -> Runner:
-    options = {}
-    for opt in config.getoption("--perf-option"):
-        if "=" not in opt:
-            raise pytest.UsageError(f"--perf-option {opt!r}: expected KEY=VALUE")
-        key, value = opt.split("=", 1)
-        options[key] = value
-    data_dir = config.getoption("--perf-data-dir")
-    launch = LaunchOptions(data_dir=Path(data_dir) if data_dir else None, options=options,
-                           timeout_s=config.getoption("--perf-timeout"),
-                           profiler=config.getoption("--perf-profile"))
-    out = config.getoption("--perf-out") or default_out_dir(config.rootpath)
-    return Runner(out, launch)
+    get = config.getoption
+    try:
+        launch = launch_options(
+            data_dir=get("--perf-data-dir"), options=get("--perf-option"),
+            timeout=get("--perf-timeout"), profiler=get("--perf-profile"), gpus=get("--perf-gpus"),
+            nnodes=get("--perf-nnodes"), rdzv_endpoint=get("--perf-rdzv-endpoint"),
+            rdzv_id=get("--perf-rdzv-id"), slurm=get("--perf-slurm"))
+    except ValueError as err:
+        raise pytest.UsageError(f"perfsuite: {err}") from None
+    out = get("--perf-out") or default_out_dir(config.rootpath)
+    return Runner(out, launch, resume=get("--perf-resume"))
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -64,6 +74,16 @@ def pytest_configure(config: pytest.Config) -> None:
     except cells_mod.CellError as err:
         raise pytest.UsageError(str(err)) from None
     config.stash[SESSION_KEY] = _session_runner(config)
+    if config.pluginmanager.hasplugin("terminalreporter") and not hasattr(config, "workerinput"):
+        config.stash[PREVIOUS_SIGTERM] = handle_sigterm()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    import signal
+
+    previous = config.stash.get(PREVIOUS_SIGTERM, None)
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def selected_cells(config: pytest.Config, workload: str | None) -> list[cells_mod.Cell]:

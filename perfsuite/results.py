@@ -31,8 +31,11 @@ def _base(cell: Cell, status: str, reason: str | None) -> dict[str, Any]:
             "env": {}, "metrics": {}, "checks": [], "ranks": []}
 
 
-def skipped_result(cell: Cell, reason: str) -> dict[str, Any]:
-    return _base(cell, "skipped", reason)
+def skipped_result(cell: Cell, reason: str, partner: bool = False) -> dict[str, Any]:
+    result = _base(cell, "skipped", reason)
+    if partner:  # measured here, reported by another node: not this node's result
+        result["partner"] = True
+    return result
 
 
 def _step_time(records: list[dict]) -> dict[str, Any]:
@@ -65,33 +68,15 @@ def _merge_metrics(records: list[dict]) -> dict[str, Any]:
     return merged
 
 
-def _failure_reason(records: list[dict | None], returncode: int | None, timed_out: bool,
-                    timeout_s: float | None) -> str | None:
-    if timed_out:
-        return f"timed out after {timeout_s:.0f} s; ranks' stacks are in output.log"
-    for rank, record in enumerate(records):
-        if record is None:
-            return (f"rank {rank} wrote no record (it died or was killed; exit code of the "
-                    f"launcher: {returncode}); see output.log")
-        if record.get("status") != "ok":
-            err = record.get("error", {})
-            return f"rank {rank} failed: {err.get('type')}: {err.get('message')}"
-    if returncode:
-        return f"torch.distributed.run exited with {returncode}"
-    return None
-
-
-def aggregate(cell: Cell, records: list[dict | None], *, returncode: int | None,
-              timed_out: bool, timeout_s: float | None, output_tail: str,
+def aggregate(cell: Cell, records: list[dict | None], *, status: str, reason: str | None,
               duration_s: float) -> dict[str, Any]:
     """One cell result from the rank records (None: the rank wrote none)."""
-    reason = _failure_reason(records, returncode, timed_out, timeout_s)
-    status = "timeout" if timed_out else ("error" if reason else "ok")
     result = _base(cell, status, reason)
     result["duration_s"] = duration_s
     result["ranks"] = [{"rank": i, "status": r.get("status") if r else "missing",
                         "steps": r.get("steps") if r else None,
                         "device": r.get("device") if r else None,
+                        "host": r.get("host") if r else None,
                         "error": r.get("error") if r else None}
                        for i, r in enumerate(records)]
     good = [r for r in records if r and r.get("status") == "ok"]
@@ -110,8 +95,6 @@ def aggregate(cell: Cell, records: list[dict | None], *, returncode: int | None,
 
             merged = merge_rank_summaries([ProfileSummary.from_dict(p) for p in profiles])
             result["profile"] = merged.to_dict()
-    if result["status"] != "ok":
-        result["output_tail"] = output_tail
     return result
 
 

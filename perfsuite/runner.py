@@ -6,6 +6,7 @@ Shared by the pytest plugin and ``perfsuite run`` so both take one path.
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -19,12 +20,35 @@ def default_out_dir(root: Path | str = ".") -> Path:
     return Path(root) / ".perfsuite" / f"run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
 
 
+def _interrupt_on_sigterm(signum, frame):
+    # SIGTERM (a CI job cancelled, a scheduler's time limit) takes the same
+    # path as Ctrl-C: the running cell's ranks are ended, results stay.
+    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+
+def handle_sigterm() -> Any:
+    """Make SIGTERM interrupt like SIGINT; returns the previous handler."""
+    return signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
+
+
 class Runner:
-    def __init__(self, out_dir: Path | str, launch: LaunchOptions | None = None) -> None:
+    def __init__(self, out_dir: Path | str, launch: LaunchOptions | None = None,
+                 resume: bool = False) -> None:
         self.out_dir = Path(out_dir)
         self.launch = launch or LaunchOptions()
         self._results: dict[str, dict[str, Any]] = {}
+        self._finished: dict[str, dict[str, Any]] = self._load_finished() if resume else {}
         self._file = None
+
+    def _load_finished(self) -> dict[str, dict[str, Any]]:
+        """Cells an earlier run into the same directory measured fully."""
+        from perfsuite.results import load
+
+        if not (self.out_dir / "results.json").exists():
+            return {}
+        earlier = load(self.out_dir)
+        self._earlier_cells = earlier["cells"]
+        return {c["id"]: c for c in earlier["cells"] if c["status"] == "ok"}
 
     @property
     def file(self):
@@ -33,20 +57,52 @@ class Runner:
             from perfsuite.results import ResultsFile
 
             self._file = ResultsFile(self.out_dir, env=fingerprint())
+            for kept in getattr(self, "_earlier_cells", []):
+                self._file.data["cells"].append(kept)
         return self._file
 
     def result(self, cell: Cell) -> dict[str, Any]:
         """The cell's judged result, measured on first request only."""
-        if cell.id not in self._results:
-            from perfsuite.judge import judge
-            from perfsuite.launch import run_cell
+        if cell.id in self._results:
+            return self._results[cell.id]
+        done = self._finished.get(cell.id)
+        if done is not None and done["params"] == cell.params():
+            done["resumed"] = True  # measured by an earlier run into this directory
+            self._results[cell.id] = done
+            return done
+        from perfsuite.judge import judge
+        from perfsuite.launch import run_cell
 
-            result = run_cell(cell, self.out_dir, self.launch)
-            result["checks"] = judge(cell, result)
-            self._results[cell.id] = result
+        result = run_cell(cell, self.out_dir, self.launch)
+        result["checks"] = judge(cell, result)
+        self._results[cell.id] = result
+        if not result.get("partner"):
             self.file.add(result)
-        return self._results[cell.id]
+        return result
 
     @property
     def results(self) -> list[dict[str, Any]]:
         return list(self._results.values())
+
+
+def launch_options(*, data_dir: str | Path | None = None, options: list[str] = (),
+                   timeout: float | None = None, profiler: str | None = None,
+                   gpus: str | None = None, nnodes: int = 1, rdzv_endpoint: str | None = None,
+                   rdzv_id: str | None = None, slurm: bool = False) -> LaunchOptions:
+    """LaunchOptions from command-line values (pytest's or perfsuite's)."""
+    from perfsuite import multinode
+
+    bad = [o for o in options if "=" not in o]
+    if bad:
+        raise ValueError(f"option {bad[0]!r}: expected KEY=VALUE")
+    gpu_list = None
+    if gpus:
+        try:
+            gpu_list = [int(g) for g in gpus.split(",")]
+        except ValueError:
+            raise ValueError(f"GPU list {gpus!r}: expected indices like 0,1") from None
+    nodes = (multinode.Nodes.from_slurm() if slurm else
+             multinode.Nodes(nnodes=nnodes, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id))
+    return LaunchOptions(data_dir=Path(data_dir) if data_dir else None,
+                         options=dict(o.split("=", 1) for o in options), timeout_s=timeout,
+                         profiler=profiler, gpus=gpu_list, nodes=nodes)

@@ -15,6 +15,7 @@ import importlib
 import json
 import os
 import signal
+import socket
 import sys
 import time
 import traceback
@@ -23,6 +24,7 @@ from pathlib import Path
 from perfsuite.cells import Cell
 from perfsuite.context import RankContext
 from perfsuite.fsutil import atomic_write_json
+from perfsuite.meter import Progress
 
 RECORD_SCHEMA = "perfsuite.rank/1"
 
@@ -36,17 +38,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _oom_facts(err: BaseException, ctx: RankContext) -> dict:
+    """For CUDA out-of-memory: say so, with the peak reached before it."""
+    import torch
+
+    if not isinstance(err, torch.OutOfMemoryError) or not ctx.device.startswith("cuda"):
+        return {}
+    return {"oom": True,
+            "peak_mem_allocated": torch.cuda.max_memory_allocated(ctx.device),
+            "peak_mem_reserved": torch.cuda.max_memory_reserved(ctx.device),
+            "device_memory": torch.cuda.get_device_properties(ctx.device).total_memory}
+
+
 def main(argv: list[str] | None = None) -> int:
-    # A launcher that finds a rank stuck sends SIGUSR1 first: every thread's
-    # Python stack goes to stderr, which the launcher keeps with the result.
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
     args = parse_args(argv)
     cell = Cell.from_params(json.loads(args.cell_file.read_text()))
     options = dict(opt.split("=", 1) for opt in args.option)
     ctx = RankContext.from_env(cell.device, args.out, args.data_dir, options)
+    # A launcher that finds a cell stuck sends SIGUSR1 first: every thread's
+    # Python stack goes to this rank's file, which becomes part of the result.
+    stacks = open(args.out / f"stacks-rank{ctx.rank}.txt", "w")  # noqa: SIM115 - lives with the process
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+    ctx.progress = Progress(args.out / f"progress-rank{ctx.rank}")
+    ctx.report_progress(0, "start")
     record: dict = {"schema": RECORD_SCHEMA, "cell": cell.id, "rank": ctx.rank,
                     "world_size": ctx.world_size, "local_rank": ctx.local_rank,
-                    "device": ctx.device, "pid": os.getpid(), "started": time.time()}
+                    "device": ctx.device, "pid": os.getpid(), "started": time.time(),
+                    # which torchrun agent ran this rank, and for which launch
+                    "agent_pid": os.getppid(), "host": socket.gethostname(),
+                    "run_token": os.environ.get("PERFSUITE_RUN_TOKEN")}
     status = 0
     try:
         if ctx.rank == 0:
@@ -58,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as err:  # noqa: BLE001 - the record must say what happened
         record["status"] = "error"
         record["error"] = {"type": type(err).__name__, "message": str(err),
-                           "traceback": traceback.format_exc()}
+                           "traceback": traceback.format_exc(), **_oom_facts(err, ctx)}
         status = 1
     record["finished"] = time.time()
     atomic_write_json(args.out / f"rank{ctx.rank}.json", record)

@@ -192,6 +192,7 @@ def run(cell: Cell, ctx: RankContext) -> dict[str, Any]:
             batches = iter(loader)
             with WallClock(device) as epoch_clock:
                 for _ in range(steps):
+                    ctx.report_progress(step_index, "train")
                     faults.at_step(fault, ctx.rank, step_index)
                     timer.mark()
                     with phase("data"):
@@ -214,6 +215,7 @@ def run(cell: Cell, ctx: RankContext) -> dict[str, Any]:
             epoch_times.append(epoch_clock.seconds)
             # The step between two epochs includes loader start-up: drop it.
             timer.close_epoch()
+    ctx.report_progress(step_index, "evaluate")
     accuracy = evaluate(cell, ctx, module, test_set)
 
     samples = timer.samples()

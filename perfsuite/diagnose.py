@@ -1,0 +1,136 @@
+"""Why a cell failed: per-rank exit codes, output tails, progress and stacks.
+
+Read after the fact from the cell directory and torchrun's output, so the
+launcher stays a thin wrapper around torch.distributed.run:
+
+- ``output.log``: every rank's output, each line prefixed ``[rank<N>]: `` by
+  torchrun's ``--tee``, and torchrun's own failure table (rank, exit code);
+- ``progress-rank<N>``: the step and phase a rank last entered;
+- ``stacks-rank<N>.txt``: every thread's Python stack, dumped by the rank's
+  faulthandler when the launcher sends SIGUSR1 to a stuck cell.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from pathlib import Path
+from typing import Any
+
+RANK_PREFIX = "[rank${rank}]: "  # torchrun's --log-line-prefix-template
+_PREFIXED = re.compile(r"^\[rank(\d+)\]: ?(.*)$")
+_FAILURE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
+# Frames of a rank that waits for its peers rather than being the one stuck.
+_WAITING = re.compile(r"all_reduce|allreduce|barrier|broadcast|all_gather|reduce_scatter|"
+                      r"_wait|wait\b|synchronize|distributed_c10d|_sync_buffers|"
+                      r"_pre_forward|_post_forward|_run_ddp_forward|backward")
+
+
+def signal_name(code: int | None) -> str | None:
+    if code is None or code >= 0:
+        return None
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def rank_tails(log_text: str, lines: int = 25) -> dict[int, str]:
+    """The last lines each rank printed."""
+    per_rank: dict[int, list[str]] = {}
+    for line in log_text.splitlines():
+        m = _PREFIXED.match(line)
+        if m:
+            per_rank.setdefault(int(m.group(1)), []).append(m.group(2))
+    return {rank: "\n".join(out[-lines:]) for rank, out in sorted(per_rank.items())}
+
+
+def exit_codes(log_text: str) -> dict[int, int]:
+    """Exit code per failed rank, from torchrun's failure table."""
+    return {int(rank): int(code) for rank, code in _FAILURE.findall(log_text)}
+
+
+def root_cause_rank(log_text: str) -> int | None:
+    _, _, after = log_text.partition("Root Cause (first observed failure)")
+    found = _FAILURE.search(after)
+    return int(found.group(1)) if found else None
+
+
+def read_progress(directory: Path) -> dict[int, dict[str, Any]]:
+    out = {}
+    for path in Path(directory).glob("progress-rank*"):
+        try:
+            step, stamp, phase = path.read_text().split()[:3]
+            out[int(path.name.removeprefix("progress-rank"))] = {
+                "step": int(step), "time": float(stamp), "phase": phase}
+        except (OSError, ValueError):
+            continue  # a rank that died mid-write: no progress known
+    return out
+
+
+def read_stacks(directory: Path) -> dict[int, str]:
+    out = {}
+    for path in Path(directory).glob("stacks-rank*.txt"):
+        text = path.read_text(errors="replace").strip()
+        if text:
+            out[int(path.stem.removeprefix("stacks-rank"))] = text
+    return out
+
+
+def _main_thread_top(stack: str) -> str:
+    """The innermost frame of the thread faulthandler calls 'most recent call first'."""
+    blocks = re.split(r"\n(?=(?:Current thread|Thread) 0x)", stack)
+    main = next((b for b in blocks if b.startswith("Current thread")), blocks[-1])
+    frames = [l.strip() for l in main.splitlines()[1:] if l.strip().startswith("File")]
+    return frames[0] if frames else "no Python frame"
+
+
+def hang_report(processes: int, progress: dict[int, dict], stacks: dict[int, str]) -> str:
+    """Which rank is stuck at which step, and where the others wait."""
+    if not progress:
+        return "no rank reported progress: the cell hung before its first step"
+    steps = {r: p["step"] for r, p in progress.items()}
+    lowest = min(steps.values())
+    behind = [r for r, s in steps.items() if s == lowest]
+    silent = [r for r in range(processes) if r not in progress]
+    stuck = [r for r in behind if r in stacks and not _WAITING.search(stacks[r])]
+    culprits = silent or stuck or behind
+    parts = [f"rank {r} hung at step {steps.get(r, 0)}"
+             + (f" in {progress[r]['phase']}" if r in progress else " before its first step")
+             + (f" ({_main_thread_top(stacks[r])})" if r in stacks else "")
+             for r in culprits]
+    waiting = [r for r in sorted(steps) if r not in culprits]
+    if waiting:
+        parts.append("waiting: " + ", ".join(
+            f"rank {r} at step {steps[r]} ({_main_thread_top(stacks[r]) if r in stacks else 'no stack'})"
+            for r in waiting))
+    return "; ".join(parts)
+
+
+def crash_report(log_text: str, records: list[dict | None]) -> tuple[str, dict[int, Any]]:
+    """A reason naming the first failed rank, and per-rank exit facts."""
+    codes = exit_codes(log_text)
+    tails = rank_tails(log_text)
+    ranks: dict[int, Any] = {}
+    for rank, record in enumerate(records):
+        code = codes.get(rank)
+        ranks[rank] = {"exit_code": code, "signal": signal_name(code), "tail": tails.get(rank, "")}
+    first = root_cause_rank(log_text)
+    failed = [r for r, rec in enumerate(records) if rec and rec.get("status") == "error"]
+    if failed:  # a Python exception: the rank said so itself
+        rank = failed[0]
+        err = records[rank]["error"]
+        reason = f"rank {rank} failed: {err.get('type')}: {err.get('message')}"
+        if err.get("oom"):
+            reason = (f"rank {rank} ran out of CUDA memory (peak allocated "
+                      f"{err.get('peak_mem_allocated', 0) / 2**30:.2f} GiB, reserved "
+                      f"{err.get('peak_mem_reserved', 0) / 2**30:.2f} GiB): {err.get('message')}")
+        return reason, ranks
+    rank = first if first is not None else next(
+        (r for r, rec in enumerate(records) if rec is None), None)
+    if rank is None:
+        return "torch.distributed.run failed; see output.log", ranks
+    code = ranks.get(rank, {}).get("exit_code")
+    how = (f"killed by {signal_name(code)}" if signal_name(code)
+           else f"exit code {code}" if code is not None else "exit code unknown")
+    return f"rank {rank} died without a result ({how})", ranks

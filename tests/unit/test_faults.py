@@ -1,0 +1,102 @@
+"""Injected faults, for real: a hung rank, a killed rank, an interrupted run.
+
+Each test asserts the verdict and that no process of the cell survives.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from perfsuite.cells import Cell
+from perfsuite.launch import LaunchOptions, run_cell
+
+pytestmark = pytest.mark.slow
+
+
+def tiny(**kw):
+    base = dict(tier="smoke", workload="image", strategy="ddp", device="cpu", world_size=2,
+                precision="fp32", pin_memory=False, dataset="digits", batch_size=8,
+                image_size=16, max_steps=8, warmup_steps=2, timeout_s=60)
+    return Cell(**{**base, **kw})
+
+
+def survivors(marker):
+    """Processes whose command line mentions ``marker`` (our output directory)."""
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if proc.pid != os.getpid() and any(marker in part for part in proc.info["cmdline"] or []):
+                found.append(proc.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_hung_rank_ends_the_cell_names_rank_and_step_and_leaves_nothing(tmp_path):
+    cell = tiny(timeout_s=40)
+    began = time.monotonic()
+    result = run_cell(cell, tmp_path, LaunchOptions(options={"fault": "hang:1:3"}))
+    elapsed = time.monotonic() - began
+    assert result["status"] == "timeout"
+    assert "rank 1 hung at step 3" in result["reason"], result["reason"]
+    assert "waiting: rank 0 at step 3" in result["reason"]
+    stacks = {r["rank"]: r.get("stack") or "" for r in result["ranks"]}
+    assert "at_step" in stacks[1]  # the injected sleep, from the rank's own dump
+    assert "Current thread" in stacks[0] or "Thread" in stacks[0]
+    assert elapsed < 40 + 30  # timeout, stack grace, termination grace
+    assert survivors(str(tmp_path)) == []
+
+
+def test_killed_rank_is_named_with_its_signal(tmp_path):
+    result = run_cell(tiny(), tmp_path, LaunchOptions(options={"fault": "kill:1:3"}))
+    assert result["status"] == "error"
+    assert result["reason"] == "rank 1 died without a result (killed by SIGKILL)"
+    assert result["ranks"][1]["exit_code"] == -9 and result["ranks"][1]["signal"] == "SIGKILL"
+    assert "Signal 9 (SIGKILL)" in (tmp_path / "cells" / tiny().id / "output.log").read_text()
+    assert survivors(str(tmp_path)) == []
+
+
+def test_exception_reports_rank_and_its_output_tail(tmp_path):
+    result = run_cell(tiny(), tmp_path, LaunchOptions(options={"fault": "raise:0:2"}))
+    assert result["status"] == "error"
+    assert result["reason"].startswith("rank 0 failed: RuntimeError: injected fault")
+    assert "injected fault" in result["ranks"][0]["tail"]
+    assert survivors(str(tmp_path)) == []
+
+
+def _perfsuite(*args, **kw):
+    return subprocess.Popen([sys.executable, "-m", "perfsuite.cli", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupted_run_keeps_finished_cells_and_resumes(tmp_path, sig):
+    first = "smoke/image/ddp/c1/fp32/px32/nopin/nchw"
+    second = "smoke/image/ddp/c2/fp32/px32/nopin/nchw"
+    proc = _perfsuite("run", first, second, "--out", str(tmp_path))
+    progress = tmp_path / "cells" / second / "progress-rank1"
+    deadline = time.monotonic() + 240
+    while not progress.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert progress.exists(), proc.communicate()[0]
+    proc.send_signal(sig)
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, output
+    assert "1 cell(s) kept" in output
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert [(c["id"], c["status"]) for c in saved["cells"]] == [(first, "ok")]
+    assert survivors(str(tmp_path)) == []
+    if sig == signal.SIGTERM:
+        return
+    again = _perfsuite("run", first, second, "--out", str(tmp_path), "--resume")
+    output, _ = again.communicate(timeout=300)
+    assert again.returncode == 0, output
+    cells = {c["id"]: c for c in json.loads((tmp_path / "results.json").read_text())["cells"]}
+    assert cells[first].get("resumed") is True
+    assert cells[second]["status"] == "ok" and not cells[second].get("resumed")
