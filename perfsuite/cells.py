@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any, Iterable
 
 TIERS = ("smoke", "gate", "full")
-WORKLOADS = ("image", "llm")
+WORKLOADS = ("image", "llm", "probe")
 IMAGE_STRATEGIES = ("dp", "ddp", "ddp-rr", "ddp-ds")
 LLM_TECHNIQUES = ("lora", "qlora", "dpo", "qat", "qat-lora")
+PROBE_STRATEGIES = ("preflight",)  # the pre-flight probe of GPUs and interconnect
 PRECISIONS = ("fp64", "fp32", "fp16", "bf16")
 MEMORY_FORMATS = ("nchw", "nhwc")
 DEVICES = ("cpu", "cuda")
@@ -63,7 +64,8 @@ class Cell:
             problems.append(f"tier {self.tier!r} not in {TIERS}")
         if self.workload not in WORKLOADS:
             problems.append(f"workload {self.workload!r} not in {WORKLOADS}")
-        strategies = IMAGE_STRATEGIES if self.workload == "image" else LLM_TECHNIQUES
+        strategies = {"image": IMAGE_STRATEGIES, "llm": LLM_TECHNIQUES,
+                      "probe": PROBE_STRATEGIES}.get(self.workload, ())
         if self.strategy not in strategies:
             problems.append(f"strategy {self.strategy!r} not in {strategies}")
         if self.device not in DEVICES:
@@ -90,6 +92,8 @@ class Cell:
         if self.workload == "image":
             parts = [self.strategy, ranks, self.precision, f"px{self.image_size}", pin,
                      self.memory_format]
+        elif self.workload == "probe":
+            parts = [ranks]
         else:
             parts = [self.strategy, self.dataset, ranks, self.precision, pin]
         if self.profile:

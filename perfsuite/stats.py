@@ -18,8 +18,8 @@ scaled by the same factor.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Sequence
 
 import numpy as np
 from scipy import stats as _sps
@@ -39,7 +39,8 @@ _CHUNK_DRAWS = 4_000_000
 VERDICTS = ("same", "regressed", "improved", "unknown")
 
 
-def as_samples(samples: Sequence[float], what: str = "samples", positive: bool = True) -> np.ndarray:
+def as_samples(samples: Sequence[float], what: str = "samples",
+               positive: bool = True) -> np.ndarray:
     """A sorted float array; raises ValueError naming ``what`` on bad input."""
     arr = np.sort(np.asarray(list(samples), dtype=float).ravel())
     if arr.size and not np.all(np.isfinite(arr)):
@@ -76,7 +77,7 @@ class Interval:
     def contains(self, value: float) -> bool:
         return self.low <= value <= self.high
 
-    def scaled(self, factor: float) -> "Interval":
+    def scaled(self, factor: float) -> Interval:
         """The interval of ``factor * x`` (factor > 0)."""
         return Interval(self.estimate * factor, self.low * factor, self.high * factor,
                         self.confidence, self.method)
@@ -95,6 +96,9 @@ def _check_confidence(confidence: float) -> None:
         raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
 
 
+# Resampling is done here rather than with scipy.stats.bootstrap: its seed
+# argument changed name across the scipy versions this package supports, and
+# drawing indices into sorted samples is what makes the result order-free.
 def _bootstrap_medians(arr: np.ndarray, rng: np.random.Generator, n_resamples: int) -> np.ndarray:
     out = np.empty(n_resamples)
     rows = max(1, _CHUNK_DRAWS // arr.size)
@@ -160,7 +164,7 @@ def _rank_critical(m: int, n: int, alpha: float) -> int:
         cdf = _mann_whitney_lower_cdf(min(m, n), max(m, n))
         return int(np.searchsorted(cdf, alpha / 2 * (1 + 1e-12), side="right"))
     z = _sps.norm.ppf(1 - alpha / 2)
-    return max(0, int(math.floor(m * n / 2 - z * math.sqrt(m * n * (m + n + 1) / 12.0))))
+    return max(0, math.floor(m * n / 2 - z * math.sqrt(m * n * (m + n + 1) / 12.0)))
 
 
 def shift_ratio_interval(numerator: Sequence[float], denominator: Sequence[float], *,

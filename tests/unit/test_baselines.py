@@ -1,0 +1,355 @@
+"""perfsuite.baselines: the paper's transcription, lookup, validation, recording."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from perfsuite import baselines as bl
+from perfsuite.hardware import profile_id
+
+PAPER = Path(bl.__file__).resolve().parent.parent / "baselines" / "h100-sxm-94gb-x4-nvlink-paper"
+H100 = "h100-sxm-94gb-x4-nvlink"
+CPU_ENV = {"cpu_model": "AMD EPYC 9334 32-Core Processor", "cpu_cores": 2, "gpu_count": 0,
+           "torch": "2.14.0", "python": "3.12.1", "commit": "abc123"}
+CPU = profile_id(CPU_ENV)
+
+
+def image_params(**over):
+    """Parameters of a full-tier image cell (perfsuite.cells.Cell field names)."""
+    params = {"tier": "full", "workload": "image", "strategy": "ddp-ds", "device": "cuda",
+              "world_size": 1, "precision": "fp32", "pin_memory": False, "dataset": "mnist",
+              "batch_size": 64, "epochs": 20, "max_steps": 0, "warmup_steps": 20, "lr": 1e-3,
+              "loader_workers": 4, "image_size": 500, "memory_format": "nchw",
+              "lr_warmup_steps": 0, "max_seq_len": 0, "min_accuracy": 0.97}
+    return {**params, **over}
+
+
+@pytest.fixture(scope="module")
+def paper():
+    return bl.load_profile(PAPER)
+
+
+def value(df, row_id):
+    return float(df.set_index("id").loc[row_id, "value"])
+
+
+# ------------------------------------------------------- the transcription
+
+def test_paper_folder_loads_with_every_table(paper):
+    assert paper.hardware == H100 and paper.kind == "paper"
+    assert len(paper.metrics) == 56 and len(paper.ratios) == 37 and len(paper.findings) == 14
+    for table in (paper.metrics, paper.ratios, paper.findings):
+        assert table["source"].str.startswith("2503.15252").all()
+        assert table["id"].is_unique
+
+
+@pytest.mark.parametrize("row_id,expected", [
+    ("t2-g1-fp64-total_time", 6266), ("t2-g4-fp16-total_time", 919),
+    ("t2-g2-fp16-accuracy", 0.9794), ("t3-g1-pintrue-total_time", 2921),
+    ("t3-g3-pintrue-accuracy", 0.9870), ("t5-g1-pinfalse-total_time", 5 * 3600 + 31 * 60 + 52),
+    ("t5-g4-pintrue-total_time", 3600 + 37 * 60 + 58), ("t5-g2-pintrue-step_time", 0.92)])
+def test_spot_values_match_the_paper(paper, row_id, expected):
+    assert value(paper.metrics, row_id) == pytest.approx(expected)
+
+
+def _total(paper, table, n, which):
+    return value(paper.metrics, f"{table}-g{n}-{which}-total_time")
+
+
+@pytest.mark.parametrize("prec", ["fp64", "fp32", "fp16"])
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_table2_speedups_follow_from_its_times(paper, prec, n):
+    stated = value(paper.ratios, f"t2-g{n}-{prec}-speedup-vs-1gpu")
+    assert stated == pytest.approx(_total(paper, "t2", 1, prec) / _total(paper, "t2", n, prec),
+                                   rel=1e-3)
+
+
+@pytest.mark.parametrize("prec", ["fp32", "fp16"])
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_table2_precision_ratios_follow_from_its_times(paper, prec, n):
+    stated = value(paper.ratios, f"t2-g{n}-{prec}-speedup-vs-fp64")
+    assert stated == pytest.approx(_total(paper, "t2", n, "fp64") / _total(paper, "t2", n, prec),
+                                   rel=1e-3)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_table3_pin_gain_follows_from_its_times(paper, n):
+    gain = _total(paper, "t3", n, "pinfalse") / _total(paper, "t3", n, "pintrue")
+    assert value(paper.ratios, f"t3-g{n}-pin-gain") == pytest.approx(gain, abs=0.005)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_table5_gain_follows_from_its_times(paper, n):
+    gain = _total(paper, "t5", n, "pinfalse") / _total(paper, "t5", n, "pintrue")
+    assert value(paper.ratios, f"t5-g{n}-pin-gain") == pytest.approx(gain, abs=0.0005)
+
+
+def test_stated_findings_contain_the_table_values(paper):
+    f = paper.findings.set_index("id")
+    r = paper.ratios
+
+    def within(finding, ids):
+        lo, hi = float(f.loc[finding, "low"] or 0), float(f.loc[finding, "high"] or 1e9)
+        assert all(lo <= value(r, i) <= hi for i in ids), finding
+
+    within("f-fp32-speedup-vs-fp64", [f"t2-g{n}-fp32-speedup-vs-fp64" for n in range(1, 5)])
+    within("f-fp16-speedup-vs-fp64", [f"t2-g{n}-fp16-speedup-vs-fp64" for n in range(1, 5)])
+    within("f-pin-memory-gain-images", [f"t3-g{n}-pin-gain" for n in range(1, 5)])
+    within("f-llm-pin-memory-negligible", [f"t5-g{n}-pin-gain" for n in range(1, 5)])
+    within("f-fig2-g4-px500-effective", ["t2-g4-fp64-speedup-vs-1gpu"])
+    within("f-llm-g2-step-time-grows", ["t5-g2-step-time-ratio"])
+
+
+def test_paper_repeats_of_one_configuration_agree_within_the_tolerance(paper):
+    for n in range(1, 5):
+        a, b = _total(paper, "t2", n, "fp32"), _total(paper, "t3", n, "pinfalse")
+        assert abs(a / b - 1) < 0.10
+
+
+def test_assumptions_are_recorded_on_the_rows_that_need_them(paper):
+    image = paper.metrics[paper.metrics["workload"] == "image"]
+    assert image["assumptions"].str.contains("image_size 500 and batch_size 64").all()
+    fp16 = paper.metrics[paper.metrics["precision"] == "fp16"]
+    assert fp16["assumptions"].str.contains("autocast").all()
+
+
+# ---------------------------------------------------------------- lookup
+
+def test_a_table2_cell_finds_its_rows(paper):
+    params = image_params(world_size=2, precision="fp16")
+    rows = bl.lookup(paper.metrics, params)
+    assert set(rows["id"]) == {"t2-g2-fp16-total_time", "t2-g2-fp16-accuracy"}
+
+
+def test_a_cell_with_other_parameters_finds_nothing(paper):
+    assert bl.lookup(paper.metrics, image_params(image_size=224)).empty
+    assert bl.lookup(paper.metrics, image_params(max_steps=50)).empty
+    llm = {"workload": "llm", "device": "cuda", "strategy": "lora", "dataset": "alpaca",
+           "world_size": 1, "precision": "fp32", "pin_memory": False, "batch_size": 2,
+           "epochs": 1, "max_steps": 0, "lr": 3e-4, "lr_warmup_steps": 100}
+    assert len(bl.lookup(paper.metrics, llm)) == 2
+    assert bl.lookup(paper.metrics, {**llm, "precision": "bf16"}).empty  # the gate tier's
+    # A row keyed on a parameter the cell lacks never matches it.
+    assert bl.lookup(paper.metrics, {k: v for k, v in llm.items() if k != "lr"}).empty
+
+
+def test_full_tier_cells_of_the_matrix_find_their_paper_rows(paper):
+    cells = pytest.importorskip("perfsuite.cells")
+    try:
+        matrix = cells.load_matrix()
+    except Exception as err:  # noqa: BLE001 - the matrix's own tests judge it; skip here
+        pytest.skip(f"experiment matrix unavailable: {err}")
+    for source in ("2503.15252 Table 2", "2503.15252 Table 3", "2503.15252 Table 5"):
+        cells_of_table = [c for c in matrix.values() if source in c.sources]
+        assert cells_of_table, f"no cells of {source} in the matrix"
+        for cell in cells_of_table:
+            assert not bl.lookup(paper.metrics, cell.params(), "total_time").empty, cell.id
+
+
+def test_repeated_paper_measurements_merge_and_widen_the_tolerance():
+    exp = bl.find_expectation(image_params(), "total_time", H100, sets=[bl.load_profile(PAPER)])
+    assert exp.value == pytest.approx((3721 + 3792) / 2)
+    assert exp.tolerance == pytest.approx(0.10 + (3792 - 3721) / 2 / exp.value)
+    assert exp.row_ids == ("t2-g1-fp32-total_time", "t3-g1-pinfalse-total_time")
+
+
+def test_absolute_metrics_need_the_same_profile(paper):
+    exp = bl.find_expectation(image_params(), "total_time", CPU, sets=[paper])
+    assert not exp.available
+    assert "exist only in h100-sxm-94gb-x4-nvlink-paper" in exp.reason
+
+
+def test_ratios_compare_across_profiles_of_the_same_model(paper):
+    params = image_params(world_size=2, precision="fp16")
+    same_model = "h100-sxm-94gb-x2-pcie"
+    found = bl.find_expectations(params, "speedup", same_model, reference="precision=fp64",
+                                 sets=[paper])
+    assert [e.row_ids for e in found] == [("t2-g2-fp16-speedup-vs-fp64",),
+                                          ("f-fp16-speedup-vs-fp64",)]
+    assert found[1].low == 2.10 and found[1].high == 2.53 and found[1].value is None
+    other = bl.find_expectation(params, "speedup", "h100-80gb-hbm3-80gb-x4-nvlink",
+                                reference="precision=fp64", sets=[paper])
+    assert not other.available and "same hardware model" in other.reason
+
+
+def test_aliases_make_another_profile_id_match(paper, tmp_path):
+    folder = tmp_path / "alias"
+    shutil.copytree(PAPER, folder)
+    meta = json.loads((folder / "profile.json").read_text())
+    (folder / "profile.json").write_text(json.dumps({**meta, "aliases": ["h100-94gb-x4-nvlink"]}))
+    exp = bl.find_expectation(image_params(), "total_time", "h100-94gb-x4-nvlink",
+                              sets=[bl.load_profile(folder)])
+    assert exp.available
+
+
+def test_accuracy_is_portable(paper):
+    exp = bl.find_expectation(image_params(world_size=4), "accuracy", CPU, sets=[paper])
+    assert exp.value == pytest.approx((0.9888 + 0.9920) / 2) and exp.better == "higher"
+
+
+@pytest.mark.parametrize("given,expected", [
+    (True, "true"), (False, "false"), (None, ""), (64, "64"), (64.0, "64"), ("64", "64"),
+    (1e-3, "0.001"), ("0.0010", "0.001"), ("alpaca_cleaned", "alpaca-cleaned"), ("FP16", "fp16")])
+def test_norm(given, expected):
+    assert bl.norm(given) == expected
+
+
+@pytest.mark.parametrize("pid,model", [
+    ("h100-sxm-94gb-x4-nvlink", "h100-sxm-94gb"), ("h100-80gb-hbm3-80gb-x1-unknown-link",
+                                                   "h100-80gb-hbm3-80gb"),
+    ("cpu-amd-epyc-9334-32-core-2c", "cpu-amd-epyc-9334-32-core"), ("odd", "odd")])
+def test_hardware_model(pid, model):
+    assert bl.hardware_model(pid) == model
+
+
+# ------------------------------------------------------------ validation
+
+def _broken(tmp_path, edit):
+    folder = tmp_path / "broken"
+    shutil.copytree(PAPER, folder)
+    edit(folder)
+    return folder
+
+
+def test_a_bad_number_names_file_line_and_column(tmp_path):
+    def edit(folder):
+        text = (folder / "metrics.csv").read_text().replace(",6266,", ",6 266,")
+        (folder / "metrics.csv").write_text(text)
+    with pytest.raises(bl.BaselineError) as err:
+        bl.load_profile(_broken(tmp_path, edit))
+    message = str(err.value)
+    assert "metrics.csv, line 2 (id 't2-g1-fp64-total_time')" in message
+    assert "'value' is '6 266', not a number" in message
+
+
+def test_unknown_column_is_named(tmp_path):
+    def edit(folder):
+        df = pd.read_csv(folder / "ratios.csv", dtype=str, keep_default_na=False)
+        df.rename(columns={"pin_memory": "pin_memroy"}).to_csv(folder / "ratios.csv", index=False)
+    with pytest.raises(bl.BaselineError, match=r"ratios.csv: unknown column\(s\) \['pin_memroy'\]"):
+        bl.load_profile(_broken(tmp_path, edit))
+
+
+def test_bad_reference_and_range_are_named(tmp_path):
+    def edit(folder):
+        df = pd.read_csv(folder / "findings.csv", dtype=str, keep_default_na=False)
+        df.loc[0, "reference"] = "precision:fp64"
+        df.loc[1, ["low", "high"]] = ""
+        df.to_csv(folder / "findings.csv", index=False)
+    with pytest.raises(bl.BaselineError) as err:
+        bl.load_profile(_broken(tmp_path, edit))
+    assert "line 2" in str(err.value) and "key=value" in str(err.value)
+    assert "line 3" in str(err.value) and "'low'/'high'" in str(err.value)
+
+
+def test_missing_or_wrong_profile_json(tmp_path):
+    with pytest.raises(bl.BaselineError, match="needs a profile.json"):
+        bl.load_profile(_broken(tmp_path, lambda f: (f / "profile.json").unlink()))
+    (tmp_path / "p2").mkdir()
+    (tmp_path / "p2" / "profile.json").write_text('{"format": "x", "kind": "measured"}')
+    with pytest.raises(bl.BaselineError, match="'kind' must be one of"):
+        bl.load_profile(tmp_path / "p2")
+
+
+def test_unreadable_csv(tmp_path):
+    def edit(folder):
+        (folder / "metrics.csv").write_text('id,metric\n"unterminated,x\n')
+    with pytest.raises(bl.BaselineError, match="not a readable CSV|missing column"):
+        bl.load_profile(_broken(tmp_path, edit))
+
+
+# -------------------------------------------------------------- recording
+
+def cell_result(cell_id, steps, world_size=1, status="ok", **metrics):
+    params = image_params(tier="smoke", device="cpu", dataset="digits", image_size=32,
+                          batch_size=16, epochs=1, max_steps=14, world_size=world_size)
+    median = sorted(steps)[len(steps) // 2]
+    return {"id": cell_id, "params": params, "status": status, "env": CPU_ENV,
+            "metrics": {"step_time": {"value": median, "unit": "s", "samples": steps},
+                        "throughput": {"value": 16 * world_size / median, "unit": "images/s"},
+                        "peak_rss": {"value": 1.5e9, "unit": "bytes"}, **metrics},
+            "checks": []}
+
+
+def run(*cells):
+    return {"schema": "perfsuite.results/1", "env": CPU_ENV, "cells": list(cells)}
+
+
+def test_record_writes_a_loadable_folder_with_samples(tmp_path):
+    results = run(cell_result("smoke/a", [0.1, 0.11, 0.1, 0.12, 0.1]),
+                  cell_result("smoke/b", [0.2] * 5, status="error"))
+    plan = bl.record_run(results, root=tmp_path, date="2026-11-22T00:00:00Z")
+    assert plan.written and plan.folder == tmp_path / CPU
+    loaded = bl.load_profile(plan.folder)
+    assert loaded.kind == "recorded" and loaded.hardware == CPU
+    assert set(loaded.metrics["id"]) == {"smoke/a:step_time", "smoke/a:throughput",
+                                         "smoke/a:peak_rss"}
+    row = loaded.metrics.set_index("id").loc["smoke/a:step_time"]
+    assert row["commit"] == "abc123" and "torch=2.14.0" in row["versions"] and row["fingerprint"]
+    assert loaded.samples["smoke/a:step_time"] == [0.1, 0.11, 0.1, 0.12, 0.1]
+    assert not list(plan.folder.glob(".*tmp"))
+    exp = bl.find_expectation(results["cells"][0]["params"], "step_time", CPU, root=tmp_path)
+    assert exp.samples == (0.1, 0.11, 0.1, 0.12, 0.1) and exp.baseline == CPU
+
+
+def test_re_recording_replaces_rows_keeps_tuned_tolerance_and_shows_the_diff(tmp_path):
+    bl.record_run(run(cell_result("smoke/a", [0.1] * 5), cell_result("smoke/b", [0.3] * 5)),
+                  root=tmp_path)
+    csv = tmp_path / CPU / "metrics.csv"
+    df = pd.read_csv(csv, dtype=str, keep_default_na=False)
+    df.loc[df["id"] == "smoke/a:step_time", "tolerance"] = "0.2"
+    df.to_csv(csv, index=False)
+    plan = bl.record_run(run(cell_result("smoke/a", [0.12] * 5)), root=tmp_path)
+    diff = plan.diff.set_index("id")
+    assert diff.loc["smoke/a:step_time", "change"] == "changed"
+    assert diff.loc["smoke/a:step_time", "ratio"] == pytest.approx(1.2)
+    assert diff.loc["smoke/b:step_time", "change"] == "same"  # kept, not re-measured
+    assert "changed  smoke/a:step_time: 0.1 -> 0.12 (x1.200)" in plan.describe()
+    rows = bl.load_profile(tmp_path / CPU).metrics.set_index("id")
+    assert rows.loc["smoke/a:step_time", "tolerance"] == "0.2"
+    assert rows.loc["smoke/b:step_time", "value"] == "0.3"
+
+
+def test_dry_run_writes_nothing(tmp_path):
+    plan = bl.record_run(run(cell_result("smoke/a", [0.1] * 5)), root=tmp_path, write=False)
+    assert not plan.written and not (tmp_path / CPU).exists()
+    assert set(plan.diff["change"]) == {"added"}
+
+
+def test_refuses_another_profiles_folder_unless_forced(tmp_path):
+    (tmp_path / CPU).mkdir()
+    (tmp_path / CPU / "profile.json").write_text(json.dumps(
+        {"format": bl.FORMAT, "hardware": "cpu-other-8c", "kind": "recorded"}))
+    with pytest.raises(bl.BaselineError, match="refusing to overwrite"):
+        bl.record_run(run(cell_result("smoke/a", [0.1] * 5)), root=tmp_path)
+    assert bl.record_run(run(cell_result("smoke/a", [0.1] * 5)), root=tmp_path, force=True).written
+
+
+def test_refuses_results_measured_elsewhere_and_paper_folders(tmp_path):
+    with pytest.raises(bl.BaselineError, match="measured on"):
+        bl.record_run(run(cell_result("smoke/a", [0.1] * 5)), H100, root=tmp_path)
+    shutil.copytree(PAPER, tmp_path / H100)
+    h100_env = {"gpu_name": "NVIDIA H100 SXM", "gpu_count": 4, "gpu_memory_bytes": 94 * 2**30,
+                "interconnect": "nvlink"}
+    assert profile_id(h100_env) == H100
+    on_h100 = {**run(cell_result("full/a", [0.1] * 5)), "env": h100_env}
+    on_h100["cells"][0]["env"] = h100_env
+    with pytest.raises(bl.BaselineError, match="paper baselines"):
+        bl.record_run(on_h100, root=tmp_path)
+
+
+def test_a_run_without_recordable_cells_is_refused(tmp_path):
+    with pytest.raises(bl.BaselineError, match="nothing to record"):
+        bl.record_run(run(cell_result("smoke/a", [0.1] * 5, status="failed")), root=tmp_path)
+
+
+def test_recorded_ratios_are_derived_from_two_cells(tmp_path):
+    bl.record_run(run(cell_result("smoke/c1", [0.10] * 5, world_size=1),
+                      cell_result("smoke/c2", [0.125] * 5, world_size=2)), root=tmp_path)
+    params = cell_result("x", [1.0], world_size=2)["params"]
+    exp = bl.find_expectation(params, "speedup", CPU, reference="world_size=1", root=tmp_path)
+    assert exp.value == pytest.approx((32 / 0.125) / (16 / 0.10))  # 1.6
+    assert exp.better == "higher" and len(exp.row_ids) == 2

@@ -1,0 +1,238 @@
+"""perfsuite.checks: verdicts of single-cell and cross-cell checks on hand-made results."""
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from perfsuite import baselines as bl
+from perfsuite import checks as ck
+from perfsuite.baselines import Expectation
+
+PAPER = Path(bl.__file__).resolve().parent.parent / "baselines" / "h100-sxm-94gb-x4-nvlink-paper"
+H100 = "h100-sxm-94gb-x4-nvlink"
+H100_ENV = {"gpu_name": "NVIDIA H100 SXM", "gpu_count": 4, "gpu_memory_bytes": 94 * 2**30,
+            "interconnect": "nvlink"}
+CPU_ENV = {"cpu_model": "AMD EPYC 9334", "cpu_cores": 2, "gpu_count": 0}
+
+
+def steps(median, n=30, seed=0, sigma=0.02):
+    return list(np.random.default_rng(seed).lognormal(math.log(median), sigma, n))
+
+
+def result(median=0.1, *, world_size=1, precision="fp32", pin_memory=False, status="ok",
+           seed=0, cell_id=None, env=None, **metrics):
+    params = {"tier": "full", "workload": "image", "strategy": "ddp-ds", "device": "cuda",
+              "world_size": world_size, "precision": precision, "pin_memory": pin_memory,
+              "dataset": "mnist", "batch_size": 64, "epochs": 20, "max_steps": 0,
+              "image_size": 500, "memory_format": "nchw"}
+    cell_id = cell_id or f"full/image/ddp-ds/g{world_size}/{precision}/px500/{pin_memory}/nchw"
+    samples = steps(median, seed=seed)
+    return {"id": cell_id, "params": params, "status": status, "env": env or H100_ENV,
+            "info": {"images_per_step": 64 * world_size},
+            "metrics": {"step_time": {"value": float(np.median(samples)), "unit": "s",
+                                      "samples": samples}, **metrics}}
+
+
+# ------------------------------------------------------------------ Verdict
+
+def test_verdict_to_dict_is_json_safe_and_has_the_contract_keys():
+    v = ck.Verdict("x", "unknown", observed=float("nan"), ci_high=math.inf, message="m")
+    d = v.to_dict()
+    json.dumps(d, allow_nan=False)
+    assert {"name", "verdict", "observed", "expected", "ratio", "ci_low", "ci_high",
+            "confidence", "message"} <= set(d)
+    assert d["observed"] is None and d["ci_high"] is None
+
+
+def test_verdict_refuses_an_unknown_state():
+    with pytest.raises(ValueError):
+        ck.Verdict("x", "ok")
+
+
+# ------------------------------------------------------- single-cell checks
+
+def test_step_time_against_recorded_samples():
+    base = Expectation("step_time", 0.1, tolerance=0.05, samples=tuple(steps(0.1, seed=1)),
+                       source="recorded run 2026-11-21")
+    same = ck.StepTimeNotRegressed(base).evaluate(result(0.1, seed=2))
+    assert same.verdict == "same" and not same.failed
+    slow = ck.StepTimeNotRegressed(base).evaluate(result(0.13, seed=3))
+    assert slow.verdict == "regressed" and slow.failed
+    assert slow.ratio == pytest.approx(1.3, rel=0.05)
+    assert "step_time regressed" in slow.message and "recorded run 2026-11-21" in slow.message
+    assert slow.baseline == "recorded run 2026-11-21" and slow.cell == result()["id"]
+
+
+def test_step_time_against_one_paper_number():
+    check = ck.StepTimeNotRegressed(value=0.77, tolerance=0.05)
+    assert check.evaluate(result(0.77)).verdict == "same"
+    assert check.evaluate(result(0.95)).verdict == "regressed"
+
+
+def test_step_time_without_a_baseline_is_skipped_with_the_reason():
+    exp = Expectation("step_time", reason="no comparable baseline for step_time on profile X")
+    v = ck.StepTimeNotRegressed(exp).evaluate(result())
+    assert v.verdict == "skipped" and "no comparable baseline" in v.message
+
+
+def test_failed_cells_are_skipped_and_missing_samples_unknown():
+    check = ck.StepTimeNotRegressed(value=0.1)
+    assert check.evaluate(result(status="timeout")).verdict == "skipped"
+    bare = result()
+    bare["metrics"]["step_time"]["samples"] = []
+    assert check.evaluate(bare).verdict == "unknown"
+
+
+def test_peak_memory():
+    check = ck.PeakMemoryNotRegressed(value=10e9, tolerance=0.05)
+    grown = result(peak_mem_allocated={"value": 11e9, "unit": "bytes"})
+    assert check.evaluate(grown).verdict == "regressed"
+    same = result(peak_mem_allocated={"value": 10.2e9, "unit": "bytes"})
+    assert check.evaluate(same).verdict == "same"
+    assert check.evaluate(result()).verdict == "unknown"  # not reported
+    assert ck.PeakMemoryNotRegressed().evaluate(same).verdict == "skipped"
+
+
+def test_accuracy_at_least():
+    check = ck.AccuracyAtLeast(0.97, source="paper")
+    assert check.evaluate(result(accuracy={"value": 0.985})).verdict == "pass"
+    low = check.evaluate(result(accuracy={"value": 0.95}))
+    assert low.verdict == "fail" and low.failed and "0.9500" in low.message
+    assert check.evaluate(result()).verdict == "fail"
+    from_paper = ck.AccuracyAtLeast.from_expectation(Expectation("accuracy", 0.99, tolerance=0.02))
+    assert from_paper.threshold == pytest.approx(0.9702)
+    with pytest.raises(ValueError):
+        ck.AccuracyAtLeast(97.0)
+
+
+# -------------------------------------------------------- cross-cell checks
+
+def test_scaling_efficiency_from_two_cells():
+    one, four = result(0.100, seed=1), result(0.125, world_size=4, seed=2)
+    # Throughput grows 4 x 0.100 / 0.125 = 3.2 times: efficiency 0.8.
+    paper = Expectation("speedup", 3.2348, tolerance=0.10, source="2503.15252 Table 2")
+    v = ck.ScalingEfficiency(paper).evaluate(four, one)
+    assert v.verdict == "same" and v.observed == pytest.approx(0.8, rel=0.02)
+    assert v.expected == pytest.approx(3.2348 / 4)
+    assert v.ci_low <= v.ratio <= v.ci_high and v.ratio == pytest.approx(v.observed / v.expected)
+    poor = ck.ScalingEfficiency(paper).evaluate(result(0.2, world_size=4, seed=3), one)
+    assert poor.verdict == "regressed"
+
+
+def test_scaling_efficiency_with_a_given_minimum_is_in_efficiency_units():
+    one, four = result(0.100, seed=1), result(0.125, world_size=4, seed=2)
+    assert ck.ScalingEfficiency(minimum=0.7).evaluate(four, one).verdict == "pass"
+    assert ck.ScalingEfficiency(minimum=0.9).evaluate(four, one).verdict == "fail"
+
+
+def test_scaling_efficiency_uses_images_per_step_for_plain_ddp():
+    one = result(0.1, seed=1)
+    ddp = result(0.1, world_size=4, seed=2)
+    ddp["params"]["strategy"] = "ddp"
+    ddp.pop("info")  # falls back to the parameters: every rank trains on the same batch
+    v = ck.ScalingEfficiency(minimum=0.0).evaluate(ddp, one)
+    assert v.observed == pytest.approx(0.25, rel=0.03)
+
+
+def test_cross_cell_check_without_its_twin_is_skipped():
+    v = ck.ScalingEfficiency(minimum=0.5).evaluate(result(world_size=4), None)
+    assert v.verdict == "skipped" and "twin" in v.message
+    failed_twin = result(status="failed")
+    assert ck.ScalingEfficiency(minimum=0.5).evaluate(result(world_size=4),
+                                                      failed_twin).verdict == "skipped"
+
+
+def test_precision_speedup_against_table_and_finding():
+    fp64, fp16 = result(0.231, precision="fp64", seed=1), result(0.1, precision="fp16", seed=2)
+    table = Expectation("speedup", 2.3107, tolerance=0.10, source="Table 2")
+    assert ck.PrecisionSpeedup(table).evaluate(fp16, fp64).verdict == "same"
+    finding = Expectation("speedup", None, 2.10, 2.53, 0.05, source="sec. 3.4")
+    v = ck.PrecisionSpeedup(finding).evaluate(fp16, fp64)
+    assert v.verdict == "pass" and "expected within [2.1, 2.53]" in v.message
+    slow = ck.PrecisionSpeedup(finding).evaluate(result(0.2, precision="fp16", seed=3), fp64)
+    assert slow.verdict == "fail" and slow.failed
+
+
+def test_pin_memory_gain_applies_only_to_pinned_cells():
+    assert ck.PinMemoryGain().applies({"pin_memory": True})
+    assert not ck.PinMemoryGain().applies({"pin_memory": False})
+    pinned, plain = result(0.1, pin_memory=True, seed=1), result(0.125, seed=2)
+    v = ck.PinMemoryGain(minimum=1.16, maximum=1.30).evaluate(pinned, plain)
+    assert v.verdict == "pass" and v.observed == pytest.approx(1.25, rel=0.03)
+
+
+def test_step_time_ratio():
+    one, two = result(0.77, seed=1), result(0.93, world_size=2, seed=2)
+    v = ck.StepTimeRatio(minimum=1.0, maximum=1.3).evaluate(two, one)
+    assert v.verdict == "pass" and v.observed == pytest.approx(0.93 / 0.77, rel=0.02)
+
+
+def test_needed_cells_names_each_twin():
+    params = result(world_size=4, precision="fp16", pin_memory=True)["params"]
+    twins = ck.needed_cells(params)
+    assert twins["scaling_efficiency"]["world_size"] == 1
+    assert twins["precision_speedup"]["precision"] == "fp64"
+    assert twins["pin_memory_gain"]["pin_memory"] is False
+    assert twins["precision_speedup"]["world_size"] == 4  # everything else unchanged
+    assert ck.needed_cells(result()["params"]) == {"precision_speedup": {
+        **result()["params"], "precision": "fp64"}}
+    assert ck.needed_cells(result(precision="fp64")["params"]) == {}
+
+
+# ------------------------------------------------- checks from the baselines
+
+def test_checks_for_a_table2_cell_on_the_papers_hardware():
+    sets = [bl.load_profile(PAPER)]
+    params = result(world_size=2, precision="fp16")["params"]
+    made = ck.checks_for(params, H100, sets=sets)
+    names = [c.name for c in made]
+    assert names.count("precision_speedup") == 2  # the table row and the stated range
+    assert "scaling_efficiency" in names and "accuracy_at_least" in names
+    assert not made[0].expectation.available  # the paper has no step-time samples: skipped
+
+
+def test_checks_for_a_cell_on_other_hardware_skip_with_a_reason():
+    sets = [bl.load_profile(PAPER)]
+    params = result(world_size=2, precision="fp16")["params"]
+    made = ck.checks_for(params, "cpu-amd-epyc-9334-2c", sets=sets)
+    assert [c.name for c in made] == ["step_time", "accuracy_at_least"]
+    v = made[0].evaluate(result(world_size=2, precision="fp16"))
+    assert v.verdict == "skipped" and "no comparable" in v.message
+
+
+# ------------------------------------------------------------- compare_runs
+
+def run(*cells, env=H100_ENV):
+    return {"schema": "perfsuite.results/1", "env": env, "cells": list(cells)}
+
+
+def test_compare_runs_cell_by_cell():
+    a = run(result(0.1, seed=1, cell_id="c1", accuracy={"value": 0.99},
+                   peak_mem_allocated={"value": 1e9}),
+            result(0.1, seed=2, cell_id="c2"), result(0.1, seed=3, cell_id="only-a"))
+    b = run(result(0.13, seed=4, cell_id="c1", accuracy={"value": 0.99},
+                   peak_mem_allocated={"value": 1e9}),
+            result(0.1, seed=5, cell_id="c2"))
+    out = bl.compare_runs(a, b)
+    by = {(v["cell"], v["name"]): v for v in out}
+    assert by[("c1", "step_time")]["verdict"] == "regressed"
+    assert by[("c1", "peak_mem_allocated")]["verdict"] == "same"
+    assert by[("c1", "accuracy_at_least")]["verdict"] == "pass"
+    assert by[("c2", "step_time")]["verdict"] == "same"
+    assert by[("only-a", "compare")]["verdict"] == "skipped"
+    json.dumps(out, allow_nan=False)
+
+
+def test_compare_runs_on_different_hardware_skips_absolute_metrics():
+    a = run(result(0.1, seed=1, cell_id="c1", accuracy={"value": 0.99}))
+    b = run(result(0.5, seed=2, cell_id="c1", env=CPU_ENV, accuracy={"value": 0.99}),
+            env=CPU_ENV)
+    out = ck.compare_runs(a, b)
+    step = next(v for v in out if v["name"] == "step_time")
+    assert step["verdict"] == "skipped" and "no comparable baseline" in step["message"]
+    assert [v["verdict"] for v in out if v["name"] == "accuracy_at_least"] == ["pass"]
+    forced = ck.compare_runs(a, b, allow_other_hardware=True)
+    assert [v["verdict"] for v in forced if v["name"] == "step_time"] == ["regressed"]

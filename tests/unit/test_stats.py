@@ -1,0 +1,217 @@
+"""perfsuite.stats: summaries, intervals and verdicts on known numbers."""
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from perfsuite import stats
+
+
+def lognormal(seed, n, scale=1.0, sigma=0.05):
+    return list(np.random.default_rng(seed).lognormal(math.log(scale), sigma, n))
+
+
+# ------------------------------------------------------------------ summary
+
+def test_summary_of_known_samples():
+    s = stats.summary([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert s["n"] == 5 and s["median"] == 3.0 and s["min"] == 1.0 and s["max"] == 5.0
+    assert s["iqr"] == pytest.approx(2.0)
+    assert s["p10"] == pytest.approx(1.4) and s["p90"] == pytest.approx(4.6)
+    assert s["mad"] == 1.0
+
+
+def test_summary_is_robust_to_one_outlier():
+    s = stats.summary([1.0] * 9 + [100.0])
+    assert s["median"] == 1.0 and s["mad"] == 0.0
+
+
+def test_summary_of_nothing_has_n_zero():
+    s = stats.summary([])
+    assert s["n"] == 0 and math.isnan(s["median"])
+
+
+@pytest.mark.parametrize("bad", [[1.0, float("nan")], [1.0, float("inf")]])
+def test_non_finite_samples_are_refused(bad):
+    with pytest.raises(ValueError, match="finite"):
+        stats.compare(bad, [1.0] * 5)
+
+
+def test_non_positive_times_are_refused():
+    with pytest.raises(ValueError, match="positive"):
+        stats.compare([1.0, 0.0, 1.0], [1.0] * 5)
+
+
+# ---------------------------------------------------------------- intervals
+
+def test_median_ratio_interval_brackets_the_true_ratio():
+    base, new = lognormal(1, 60), lognormal(2, 60, scale=1.2)
+    iv = stats.median_ratio_interval(new, base)
+    assert iv.low < 1.2 < iv.high and iv.contains(iv.estimate)
+    assert iv.high - iv.low < 0.1
+
+
+def test_median_ratio_interval_is_deterministic_and_order_free():
+    base, new = lognormal(3, 25), lognormal(4, 25, scale=1.1)
+    first = stats.median_ratio_interval(new, base)
+    assert stats.median_ratio_interval(new, base) == first
+    assert stats.median_ratio_interval(new[::-1], sorted(base)) == first
+
+
+def test_median_ratio_interval_factor_scales_everything():
+    base, new = lognormal(5, 20), lognormal(6, 20)
+    plain = stats.median_ratio_interval(new, base)
+    half = stats.median_ratio_interval(new, base, factor=0.5)
+    assert half.estimate == pytest.approx(plain.estimate / 2)
+    assert half.low == pytest.approx(plain.low / 2) and half.high == pytest.approx(plain.high / 2)
+
+
+def test_one_sample_gives_an_unbounded_interval():
+    iv = stats.median_ratio_interval([2.0], [1.0, 1.1, 0.9])
+    assert iv.estimate == pytest.approx(2.0) and iv.low == 0.0 and iv.high == math.inf
+
+
+@pytest.mark.parametrize("m,n,critical", [(5, 5, 2), (3, 7, 1), (8, 6, 8), (10, 10, 23)])
+def test_rank_critical_values_match_the_mann_whitney_table(m, n, critical):
+    # Published two-sided 5% critical values of U; the interval uses the next rank.
+    assert stats._rank_critical(m, n, 0.05) == critical + 1
+
+
+@pytest.mark.parametrize("m,n", [(4, 6), (7, 7), (12, 9)])
+def test_exact_null_distribution_matches_scipy(m, n):
+    cdf = stats._mann_whitney_lower_cdf(m, n)
+    x = np.arange(m) + 0.5  # all below y: U = 0 for x
+    y = np.arange(n) + 100.0
+    p = sps.mannwhitneyu(x, y, alternative="less", method="exact").pvalue
+    assert cdf[0] == pytest.approx(p)
+    assert cdf[-1] == pytest.approx(1.0)
+
+
+def test_normal_approximation_agrees_with_exact_where_they_meet():
+    exact = stats._rank_critical(100, 100, 0.05)
+    z = sps.norm.ppf(0.975)
+    approx = math.floor(100 * 100 / 2 - z * math.sqrt(100 * 100 * 201 / 12))
+    assert abs(exact - approx) <= 2
+
+
+def test_shift_interval_covers_the_true_ratio_about_as_often_as_promised():
+    hits = 0
+    for seed in range(200):
+        rng = np.random.default_rng(seed)
+        base = rng.lognormal(0.0, 0.1, 12)
+        new = rng.lognormal(math.log(1.3), 0.1, 12)
+        iv = stats.shift_ratio_interval(new, base, confidence=0.9)
+        hits += iv.low <= 1.3 <= iv.high
+    assert 0.84 <= hits / 200 <= 0.97
+
+
+def test_shift_interval_needs_enough_samples():
+    iv = stats.shift_ratio_interval([2.0, 2.1, 2.2], [1.0, 1.1, 1.2])
+    assert iv.high == math.inf  # 3 vs 3 cannot reach 95%
+
+
+def test_median_interval_uses_binomial_order_statistics():
+    iv = stats.median_interval(list(range(1, 11)))  # n = 10: ranks 2 and 9 at 95%
+    assert (iv.low, iv.high) == (2.0, 9.0) and iv.estimate == 5.5
+    assert stats.median_interval([1.0, 2.0, 3.0]).low == -math.inf
+
+
+# ---------------------------------------------------------------- verdicts
+
+def test_clear_regression_is_called_with_its_numbers():
+    base, new = lognormal(10, 40), lognormal(11, 40, scale=1.25)
+    cmp = stats.compare(new, base, tolerance=0.05)
+    assert cmp.verdict == "regressed"
+    assert cmp.ratio == pytest.approx(1.25, rel=0.05) and cmp.ci_low > 1.05
+    assert cmp.p_value < 1e-6 and cmp.n_new == 40 and cmp.n_base == 40
+
+
+def test_clear_improvement_is_called():
+    base, new = lognormal(12, 40), lognormal(13, 40, scale=0.7)
+    assert stats.compare(new, base).verdict == "improved"
+
+
+def test_higher_is_better_swaps_the_names():
+    base, new = lognormal(12, 40), lognormal(13, 40, scale=0.7)
+    assert stats.compare(new, base, higher_is_better=True).verdict == "regressed"
+
+
+def test_same_distribution_is_same_with_enough_samples():
+    base, new = lognormal(14, 200, sigma=0.02), lognormal(15, 200, sigma=0.02)
+    assert stats.compare(new, base, tolerance=0.05).verdict == "same"
+
+
+def test_small_shift_inside_a_noisy_interval_is_unknown():
+    base, new = lognormal(16, 8, sigma=0.2), lognormal(17, 8, scale=1.06, sigma=0.2)
+    cmp = stats.compare(new, base, tolerance=0.05)
+    assert cmp.verdict == "unknown" and "measure" in cmp.reason
+
+
+def test_too_few_samples_is_unknown_even_when_far_apart():
+    cmp = stats.compare([2.0, 2.1, 2.2], [1.0, 1.1, 1.2])
+    assert cmp.verdict == "unknown" and "fewer than" in cmp.reason
+
+
+def test_same_distribution_is_rarely_called_regressed():
+    called = sum(stats.compare(lognormal(2 * s, 30, sigma=0.1), lognormal(2 * s + 1, 30, sigma=0.1),
+                               n_resamples=500).verdict == "regressed" for s in range(60))
+    assert called <= 2
+
+
+def test_rank_method_agrees_on_a_clear_case():
+    base, new = lognormal(18, 30), lognormal(19, 30, scale=1.3)
+    cmp = stats.compare(new, base, method="rank")
+    assert cmp.verdict == "regressed" and "Hodges-Lehmann" in cmp.method
+    with pytest.raises(ValueError, match="method"):
+        stats.compare(new, base, method="t-test")
+
+
+def test_empty_side_is_unknown():
+    assert stats.compare([], [1.0] * 5).verdict == "unknown"
+
+
+def test_compare_to_value_judges_against_a_paper_number():
+    samples = lognormal(20, 30, scale=0.93, sigma=0.02)
+    assert stats.compare_to_value(samples, 0.93, 0.05).verdict == "same"
+    assert stats.compare_to_value(samples, 0.70, 0.05).verdict == "regressed"
+    assert stats.compare_to_value(samples, 1.20, 0.05).verdict == "improved"
+    assert stats.compare_to_value(samples[:4], 0.70, 0.05).verdict == "unknown"
+    with pytest.raises(ValueError):
+        stats.compare_to_value(samples, 0.0)
+
+
+def test_compare_values_for_single_numbers():
+    assert stats.compare_values(110.0, 100.0, 0.05).verdict == "regressed"
+    assert stats.compare_values(103.0, 100.0, 0.05).verdict == "same"
+    assert stats.compare_values(0.99, 0.97, 0.01, higher_is_better=True).verdict == "improved"
+
+
+def test_compare_interval_against_an_expected_ratio():
+    iv = stats.Interval(2.3, 2.25, 2.35, 0.95, "test")
+    assert stats.compare_interval(iv, 2.31, 0.10).verdict == "same"
+    assert stats.compare_interval(iv, 3.0, 0.10).verdict == "regressed"  # slower than expected
+    assert stats.compare_interval(iv, 1.5, 0.10).verdict == "improved"
+
+
+def test_within_range():
+    iv = stats.Interval(1.6, 1.58, 1.62, 0.95, "test")
+    assert stats.within_range(iv, 1.54, 1.68) == "pass"
+    assert stats.within_range(iv, 1.7, None) == "fail"
+    assert stats.within_range(iv, 1.6, None) == "unknown"
+    assert stats.within_range(iv, None, 1.5, tolerance=0.1) == "pass"
+
+
+def test_classify_at_the_tolerance_bound_is_same_not_regressed():
+    assert stats.classify(1.05, 1.05, 0.05) == "same"
+    assert stats.classify(1.0500000000000003, 1.06, 0.05) == "unknown"
+    assert stats.classify(1.06, 1.07, 0.05) == "regressed"
+    assert stats.classify(1.06, 1.07, 0.05, significant=False) == "unknown"
+    with pytest.raises(ValueError):
+        stats.classify(1.0, 1.0, -0.1)
+
+
+def test_comparison_to_dict_has_the_contract_keys():
+    d = stats.compare(lognormal(21, 10), lognormal(22, 10)).to_dict()
+    assert {"verdict", "ratio", "ci_low", "ci_high", "confidence", "p_value"} <= set(d)
