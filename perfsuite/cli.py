@@ -1,4 +1,4 @@
-"""The ``perfsuite`` command: list, run, profile, overhead."""
+"""The ``perfsuite`` command: list, run, compare, baseline record, report, profile, overhead."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from perfsuite.judge import failures
-    from perfsuite.report import summary_lines
+    from perfsuite.report import probe_lines, summary_lines
     from perfsuite.runner import Runner, default_out_dir, handle_sigterm, launch_options
 
     if not args.ids and not args.tier:
@@ -31,7 +31,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id, slurm=args.slurm)
     except ValueError as err:
         raise SystemExit(f"perfsuite run: {err}") from None
-    runner = Runner(args.out or default_out_dir(), launch, resume=args.resume)
+    runner = Runner(args.out or default_out_dir(), launch, resume=args.resume,
+                    baselines=args.baselines, probe=not args.no_probe)
     handle_sigterm()
     bad = 0
     try:
@@ -39,14 +40,64 @@ def _cmd_run(args: argparse.Namespace) -> int:
             print(f"[{i}/{len(chosen)}] {cell.id} ...", flush=True)
             result = runner.result(cell)
             bad += result["status"] not in ("ok", "skipped") or bool(failures(result))
+            if i == 1:
+                print("\n".join(probe_lines(runner.probe)), flush=True)
             print("\n".join("    " + line for line in summary_lines([result])), flush=True)
     except KeyboardInterrupt as stop:
         print(f"interrupted ({stop or 'Ctrl-C'}): {len(runner.results)} cell(s) kept in "
               f"{runner.out_dir / 'results.json'}", file=sys.stderr)
         return 130
     kept = [r for r in runner.results if not r.get("partner")]
-    print(f"results: {runner.file.path}" if kept else "no result written here")
+    if not kept:
+        print("no result written here")
+        return 1 if bad else 0
+    print(f"results: {runner.file.path}")
+    from perfsuite.report.html import write_reports
+
+    print(f"report: {write_reports(runner.out_dir)['report_html']}")
     return 1 if bad else 0
+
+
+def _load_run(path: Path) -> dict:
+    from perfsuite.results import load
+
+    try:
+        return load(path)
+    except (FileNotFoundError, ValueError) as err:
+        raise SystemExit(f"perfsuite: {err}") from None
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from perfsuite.checks import compare_runs
+
+    verdicts = compare_runs(_load_run(args.run_a), _load_run(args.run_b),
+                            tolerance=args.tolerance, confidence=args.confidence,
+                            allow_other_hardware=args.allow_other_hardware)
+    for v in verdicts:
+        print(f"{v.get('cell')}  {v['name']:<24} {v['verdict'].upper():<10} {v.get('message', '')}")
+    return 1 if any(v["verdict"] in ("regressed", "fail") for v in verdicts) else 0
+
+
+def _cmd_baseline_record(args: argparse.Namespace) -> int:
+    from perfsuite.baselines import BaselineError, record_run
+
+    try:
+        plan = record_run(_load_run(args.run), args.profile, root=args.root, force=args.force,
+                          write=not args.dry_run)
+    except BaselineError as err:
+        print(f"perfsuite baseline record: {err}", file=sys.stderr)
+        return 2
+    print(plan.describe())
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from perfsuite.report.html import write_reports
+
+    _load_run(args.run)  # a clear message for a missing or malformed results.json
+    for name, path in write_reports(args.run).items():
+        print(f"{name}: {path}")
+    return 0
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
@@ -61,6 +112,19 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         print(json.dumps(summary.to_dict(), indent=1))
     else:
         print(format_summary(summary, top=args.top, h2d_limit_gbps=args.h2d_limit_gbps))
+    return 0
+
+
+def _cmd_detection(args: argparse.Namespace) -> int:
+    from perfsuite.detection import measure_detection
+
+    out = measure_detection(trials=args.trials, cell_id=args.cell, steps=args.steps,
+                            work_dir=args.work_dir)
+    print(json.dumps(out, indent=1))
+    n = out["trials"]
+    print(f"false alarms on unchanged code: {out['false_alarms']}/{n} (goal <= 1/20)")
+    print(f"10% slowdown called regressed:  {out['caught_10']}/{n} (goal >= 19/20)")
+    print(f" 5% slowdown called regressed:  {out['caught_5']}/{n}")
     return 0
 
 
@@ -94,6 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--profile", choices=["nsys", "torch", "off"],
                    help="profile every cell (default: only profile cells)")
+    p.add_argument("--baselines", type=Path, help="baselines root (default: baselines/)")
+    p.add_argument("--no-probe", action="store_true", help="skip the pre-flight probe")
     p.add_argument("--resume", action="store_true",
                    help="keep cells an earlier run into --out measured fully")
     p.add_argument("--gpus", metavar="0,1", help="GPUs this run may use")
@@ -104,6 +170,30 @@ def build_parser() -> argparse.ArgumentParser:
                    help="inside a SLURM allocation: nodes from the job, torchrun via srun")
     p.set_defaults(func=_cmd_run)
 
+    p = sub.add_parser("compare", help="per-cell verdicts of RUN_B against RUN_A")
+    p.add_argument("run_a", type=Path, help="reference run (directory or results.json)")
+    p.add_argument("run_b", type=Path, help="run to judge")
+    p.add_argument("--tolerance", type=float, default=0.05)
+    p.add_argument("--confidence", type=float, default=0.95)
+    p.add_argument("--allow-other-hardware", action="store_true",
+                   help="compare absolute numbers across hardware profiles anyway")
+    p.set_defaults(func=_cmd_compare)
+
+    p = sub.add_parser("baseline", help="stored baselines")
+    baseline = p.add_subparsers(dest="baseline_command", required=True)
+    p = baseline.add_parser("record", help="record a run as the baseline of its hardware")
+    p.add_argument("run", type=Path, help="run directory or results.json")
+    p.add_argument("--profile", help="hardware profile id (default: the run's own)")
+    p.add_argument("--root", type=Path, help="baselines root (default: baselines/)")
+    p.add_argument("--force", action="store_true",
+                   help="write into a folder of another hardware profile")
+    p.add_argument("--dry-run", action="store_true", help="show the difference, write nothing")
+    p.set_defaults(func=_cmd_baseline_record)
+
+    p = sub.add_parser("report", help="write results.csv, checks.csv and report.html of a run")
+    p.add_argument("run", type=Path)
+    p.set_defaults(func=_cmd_report)
+
     p = sub.add_parser("profile", help="summarise an nsys report, its CSV exports, "
                                        "or a perfsuite profile summary")
     p.add_argument("path", type=Path)
@@ -111,6 +201,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--h2d-limit-gbps", type=float, help="host-to-device limit to compare with")
     p.set_defaults(func=_cmd_profile)
+
+    p = sub.add_parser("detection", help="false-alarm and detection rates of the step-time "
+                                         "verdict on a real CPU cell with injected slowdowns")
+    p.add_argument("--trials", type=int, default=20)
+    p.add_argument("--cell", default="smoke/image/ddp-ds/c1/fp32/px32/nopin/nchw")
+    p.add_argument("--steps", type=int, default=40, help="measured steps per run")
+    p.add_argument("--work-dir", type=Path)
+    p.set_defaults(func=_cmd_detection)
 
     p = sub.add_parser("overhead", help="the suite's own overhead on a training step")
     p.add_argument("--device", default="cpu")

@@ -76,10 +76,51 @@ def target_checks(cell: Cell, result: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def judge(cell: Cell, result: dict[str, Any]) -> list[dict[str, Any]]:
+UNTRUSTWORTHY = "untrustworthy"
+
+
+def baseline_checks(cell: Cell, result: dict[str, Any], twin_of, sets: list) -> list[dict]:
+    """Checks against stored baselines; cross-cell ones get their twin's result."""
+    from perfsuite.checks import checks_for
+    from perfsuite.hardware import profile_id
+
+    profile = profile_id(result.get("env") or {}) if result.get("env") else None
+    out = []
+    for check in checks_for(cell.params(), profile, sets=sets):
+        twin = None
+        if hasattr(check, "twin_params"):
+            twin = twin_of(check.twin_params(cell.params()))
+        out.append(check.evaluate(result, twin).to_dict())
+    return out
+
+
+def distrust(checks: list[dict], assessment: dict[str, Any]) -> list[dict]:
+    """On a node the pre-flight probe flagged, a regression is not believed."""
+    if assessment.get("trusted", True):
+        return checks
+    why = "; ".join(assessment.get("flags", [])) or "pre-flight probe flagged this node"
+    for check in checks:
+        if check["verdict"] in ("regressed", "improved", "fail") and not check["name"].startswith("sanity."):
+            check["measured_verdict"] = check["verdict"]
+            check["verdict"] = UNTRUSTWORTHY
+            check["message"] = f"{check.get('message', '')} [untrustworthy node: {why}]"
+    return checks
+
+
+def judge(cell: Cell, result: dict[str, Any], twin_of=None, sets: list | None = None,
+          assessment: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Every check of a measured cell, as entries of its "checks" list."""
     if result.get("status") != "ok":
         return []
-    return sanity_checks(cell, result) + target_checks(cell, result)
+    checks = sanity_checks(cell, result) + target_checks(cell, result)
+    if sets is not None and cell.workload != "probe":
+        checks += baseline_checks(cell, result, twin_of or (lambda params: None), sets)
+    return distrust(checks, assessment or {})
+
+
+def needs_more_steps(checks: list[dict[str, Any]]) -> bool:
+    """A step-time comparison the samples could not decide: measure more."""
+    return any(c["verdict"] == "unknown" and c.get("metric") == "step_time" for c in checks)
 
 
 def failures(result: dict[str, Any]) -> list[dict[str, Any]]:

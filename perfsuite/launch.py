@@ -189,6 +189,9 @@ def run_cell(cell: Cell, out_dir: Path, opts: LaunchOptions | None = None) -> di
            "PERFSUITE_PROFILE_DIR": str(directory / "profile"), "PERFSUITE_RUN_TOKEN": token}
     if opts.gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, opts.gpus))
+    # The cores split evenly between the node's ranks, for 1 rank as for N
+    # (torchrun alone sets 1 thread only for N > 1), unless the user chose.
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // plan.procs_per_node)))
     log_path = directory / plan.log_name
     started = time.time()
     timed_out = False

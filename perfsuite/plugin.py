@@ -38,6 +38,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="profile every cell with Nsight Systems (falls back to "
                          "torch.profiler where nsys or a GPU is missing) or torch.profiler; "
                          "default: only profile cells, nsys where possible")
+    group.addoption("--perf-baselines", default=None, metavar="DIR",
+                    help="baselines root (default: $PERFSUITE_BASELINES or the project's baselines/)")
+    group.addoption("--perf-no-probe", action="store_true",
+                    help="skip the pre-flight probe of GPUs, host link and interconnect")
     group.addoption("--perf-resume", action="store_true",
                     help="keep cells an earlier run into --perf-out measured fully")
     group.addoption("--perf-gpus", default=None, metavar="0,1",
@@ -64,7 +68,8 @@ def _session_runner(config: pytest.Config) -> Runner:
     except ValueError as err:
         raise pytest.UsageError(f"perfsuite: {err}") from None
     out = get("--perf-out") or default_out_dir(config.rootpath)
-    return Runner(out, launch, resume=get("--perf-resume"))
+    return Runner(out, launch, resume=get("--perf-resume"), baselines=get("--perf-baselines"),
+                  probe=not get("--perf-no-probe"))
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -149,6 +154,15 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     if session is None or not session.results:
         return
     terminalreporter.section("perfsuite")
+    for line in report.probe_lines(session.probe):
+        terminalreporter.write_line(line)
     for line in report.summary_lines(session.results):
         terminalreporter.write_line(line)
     terminalreporter.write_line(f"results: {session.file.path}")
+    try:  # the report is for people; it never changes the session's outcome
+        from perfsuite.report.html import write_reports
+
+        paths = write_reports(session.file.path.parent)
+        terminalreporter.write_line(f"report: {paths['report_html']}")
+    except Exception as err:  # noqa: BLE001
+        terminalreporter.write_line(f"report not written: {type(err).__name__}: {err}")

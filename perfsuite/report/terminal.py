@@ -65,3 +65,18 @@ def junit_properties(result: dict[str, Any]) -> list[tuple[str, Any]]:
     for check in result.get("checks", []):
         props.append((f"perf.check.{check['name']}", check["verdict"]))
     return props
+
+
+def probe_lines(probe: dict[str, Any] | None) -> list[str]:
+    """The pre-flight probe: its figures, and whether the node is trusted."""
+    if not probe or probe.get("status") == "skipped":
+        return [f"pre-flight probe: skipped ({probe.get('reason')})"] if probe else []
+    if probe.get("status") != "ok":
+        return [f"pre-flight probe: {probe.get('status')}: {probe.get('reason')}"]
+    assessment = probe.get("assessment", {})
+    figures = ", ".join(f"{name} {_fmt(m)}" for name, m in probe.get("metrics", {}).items())
+    state = "trusted" if assessment.get("trusted") else "NOT TRUSTED"
+    lines = [f"pre-flight probe ({probe['id']}): {state}; {figures}"]
+    lines += [f"    FLAG {flag}" for flag in assessment.get("flags", [])]
+    lines += [f"    note: {note}" for note in assessment.get("notes", [])]
+    return lines
