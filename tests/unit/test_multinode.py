@@ -62,7 +62,7 @@ def _run(*args, env=None):
 @pytest.mark.slow
 def test_two_agents_on_localhost_share_one_cell(tmp_path):
     port = multinode.free_port()
-    common = ["--out", str(tmp_path), "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{port}",
+    common = ["--out", str(tmp_path), "--no-probe", "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{port}",
               "--rdzv-id", "two-agents"]
     agents = [_run(*common), _run(*common)]
     outputs = [a.communicate(timeout=300)[0] for a in agents]
@@ -95,7 +95,7 @@ def test_slurm_path_launches_torchrun_through_srun(tmp_path):
     env = {"PATH": f"{bindir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242",
            "SLURM_JOB_NODELIST": "localhost", "SLURM_JOB_NUM_NODES": "2"}
     out_dir = tmp_path / "out"
-    proc = _run("--out", str(out_dir), "--slurm", env=env)
+    proc = _run("--out", str(out_dir), "--no-probe", "--slurm", env=env)
     output = proc.communicate(timeout=300)[0]
     assert proc.returncode == 0, output
     (cell,) = json.loads((out_dir / "results.json").read_text())["cells"]

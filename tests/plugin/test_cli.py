@@ -1,0 +1,72 @@
+"""perfsuite compare / baseline record / report / profile on stored runs."""
+
+import json
+import random
+
+from perfsuite import cells
+from perfsuite.cli import main
+from perfsuite.results import SCHEMA
+
+ENV = {"cpu_model": "Test CPU", "cpu_cores": 2, "gpu_count": 0, "torch": "2.14.0"}
+CELL = cells.get("smoke/image/ddp/c2/fp32/px32/nopin/nchw")
+
+
+def write_run(path, factor, seed=0):
+    rng = random.Random(seed)
+    samples = [factor * (0.1 + rng.gauss(0, 0.002)) for _ in range(30)]
+    cell = {"id": CELL.id, "params": CELL.params(), "status": "ok", "reason": None, "env": ENV,
+            "metrics": {"step_time": {"value": sorted(samples)[15], "unit": "s", "samples": samples},
+                        "throughput": {"value": 320.0, "unit": "images/s"},
+                        "peak_rss": {"value": 1e9, "unit": "bytes"},
+                        "accuracy": {"value": 0.5, "unit": "fraction"}},
+            "checks": [], "info": {"images_per_step": 16}}
+    path.mkdir(parents=True)
+    (path / "results.json").write_text(json.dumps({"schema": SCHEMA, "run": {}, "env": ENV,
+                                                   "cells": [cell]}))
+    return path
+
+
+def test_compare_flags_a_slower_run(tmp_path, capsys):
+    a = write_run(tmp_path / "a", 1.0)
+    assert main(["compare", str(a), str(write_run(tmp_path / "b", 1.0, seed=1))]) == 0
+    assert main(["compare", str(a), str(write_run(tmp_path / "c", 1.25, seed=2))]) == 1
+    out = capsys.readouterr().out
+    assert "REGRESSED" in out and CELL.id in out
+
+
+def test_baseline_record_writes_then_refuses_another_profile(tmp_path, capsys):
+    run = write_run(tmp_path / "run", 1.0)
+    root = tmp_path / "baselines"
+    assert main(["baseline", "record", str(run), "--root", str(root)]) == 0
+    (folder,) = [p for p in root.iterdir() if p.is_dir()]
+    assert folder.name == "cpu-test-2c" and (folder / "metrics.csv").exists()
+    assert main(["baseline", "record", str(run), "--root", str(root),
+                 "--profile", "h100-sxm-94gb-x4-nvlink"]) == 2
+    assert "force" in capsys.readouterr().err.lower()
+
+
+def test_report_writes_html_and_csv(tmp_path, capsys):
+    run = write_run(tmp_path / "run", 1.0)
+    assert main(["report", str(run)]) == 0
+    assert CELL.id in (run / "report.html").read_text()
+    assert (run / "results.csv").exists() and (run / "checks.csv").exists()
+
+
+def test_missing_or_malformed_runs_are_named(tmp_path, capsys):
+    import pytest
+
+    with pytest.raises(SystemExit, match="nowhere"):
+        main(["report", str(tmp_path / "nowhere")])
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "results.json").write_text("[1,")
+    with pytest.raises(SystemExit, match="not valid JSON"):
+        main(["compare", str(tmp_path / "bad"), str(tmp_path / "bad")])
+
+
+def test_profile_reads_nsys_csv_exports(capsys):
+    from pathlib import Path
+
+    fixtures = Path(__file__).parents[1] / "fixtures" / "nsys" / "v2023"
+    assert main(["profile", str(fixtures)]) == 0
+    assert "CUDA memcpy Host-to-Device" in capsys.readouterr().out
+    assert main(["profile", "/nonexistent/report.nsys-rep"]) == 2

@@ -1,0 +1,66 @@
+"""Judging one measured cell: sanity, targets, baselines, distrust, re-measure."""
+
+import random
+
+from perfsuite import cells
+from perfsuite.judge import distrust, failures, judge, needs_more_steps
+
+
+def measured(cell, samples, accuracy=0.95, env=None):
+    return {"id": cell.id, "status": "ok", "params": cell.params(), "env": env or {},
+            "metrics": {"step_time": {"value": sorted(samples)[len(samples) // 2], "unit": "s",
+                                      "samples": samples},
+                        "throughput": {"value": 10.0, "unit": "images/s"},
+                        "accuracy": {"value": accuracy, "unit": "fraction"},
+                        "loss": {"value": 0.5, "unit": "", "samples": [1.0, 0.5]},
+                        "peak_rss": {"value": 1e9, "unit": "bytes"}},
+            "info": {"images_per_step": 32}}
+
+
+def test_accuracy_target_from_the_experiment_data():
+    cell = cells.get("smoke/image/ddp-ds/c2/fp32/px32/nopin/nchw")
+    assert cell.min_accuracy == 0.90
+    ok = judge(cell, measured(cell, [0.1] * 5, accuracy=0.93))
+    assert not failures({"checks": ok})
+    low = judge(cell, measured(cell, [0.1] * 5, accuracy=0.85))
+    (bad,) = failures({"checks": low})
+    assert bad["name"] == "accuracy.at_least" and bad["observed"] == 0.85
+
+
+def test_insane_measurements_fail():
+    cell = cells.get("smoke/image/ddp/c2/fp32/px32/nopin/nchw")
+    result = measured(cell, [0.1, float("nan"), 0.1])
+    assert "sanity.step_time_samples" in [c["name"] for c in failures({"checks": judge(cell, result)})]
+
+
+def test_step_time_regression_against_a_recorded_baseline(tmp_path):
+    from perfsuite.baselines import load_all, record_run
+
+    cell = cells.get("smoke/image/ddp/c2/fp32/px32/nopin/nchw")
+    env = {"cpu_model": "Test CPU", "cpu_cores": 2, "gpu_count": 0}
+    rng = random.Random(1)
+    base = [0.100 + rng.gauss(0, 0.002) for _ in range(30)]
+    record_run({"schema": "perfsuite.results/1", "env": env,
+                "cells": [measured(cell, base, env=env)]}, root=tmp_path)
+    sets = load_all(tmp_path)
+    same = judge(cell, measured(cell, [s * 1.0 for s in base][::-1], env=env), sets=sets)
+    slower = judge(cell, measured(cell, [s * 1.2 for s in base], env=env), sets=sets)
+    step = {c["name"]: c for c in same}["step_time"]
+    assert step["verdict"] == "same"
+    step = {c["name"]: c for c in slower}["step_time"]
+    assert step["verdict"] == "regressed" and step["ratio"] > 1.15
+    assert "step_time" in step["message"] and failures({"checks": slower})
+
+
+def test_flagged_node_turns_regressions_untrustworthy():
+    checks = [{"name": "step_time", "verdict": "regressed", "message": "slower"},
+              {"name": "sanity.throughput", "verdict": "fail", "message": ""},
+              {"name": "accuracy_at_least", "verdict": "pass", "message": ""}]
+    out = distrust(checks, {"trusted": False, "flags": ["matmul at 20% of datasheet"]})
+    assert [c["verdict"] for c in out] == ["untrustworthy", "fail", "pass"]
+    assert "matmul at 20%" in out[0]["message"] and out[0]["measured_verdict"] == "regressed"
+
+
+def test_unknown_step_time_asks_for_more_steps():
+    assert needs_more_steps([{"name": "step_time", "metric": "step_time", "verdict": "unknown"}])
+    assert not needs_more_steps([{"name": "step_time", "metric": "step_time", "verdict": "same"}])
