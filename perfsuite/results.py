@@ -38,8 +38,13 @@ def skipped_result(cell: Cell, reason: str, partner: bool = False) -> dict[str, 
     return result
 
 
+def _timed(records: list[dict]) -> list[dict]:
+    """Ranks that time steps (torchtune's recipes log on rank 0 only)."""
+    return [r for r in records if "step_time" in r.get("metrics", {})]
+
+
 def _step_time(records: list[dict]) -> dict[str, Any]:
-    per_rank = [r["metrics"]["step_time"].get("samples", []) for r in records]
+    per_rank = [r["metrics"]["step_time"].get("samples", []) for r in _timed(records)]
     steps = min(len(s) for s in per_rank)
     samples = [max(s[i] for s in per_rank) for i in range(steps)]
     stats = summary(samples) if samples else {"n": 0}
@@ -83,7 +88,7 @@ def aggregate(cell: Cell, records: list[dict | None], *, status: str, reason: st
     if records and records[0]:
         result["env"] = records[0].get("env", {})
     if good and status == "ok":
-        steps = {r.get("steps") for r in good}
+        steps = {r.get("steps") for r in _timed(good)}
         if len(steps) > 1:  # a data-parallel run must step in lock-step
             result["status"] = "error"
             result["reason"] = f"ranks took different numbers of measured steps: {sorted(steps)}"

@@ -1,0 +1,127 @@
+"""LLM fine-tuning cells: torchtune's own recipes, run as their users run them.
+
+Techniques (the cell's ``strategy``) and the recipes that run them:
+
+=========  ===============================  =================================
+technique  1 rank                           2+ ranks
+=========  ===============================  =================================
+lora       lora_finetune_single_device      lora_finetune_distributed
+qlora      lora_finetune_single_device      lora_finetune_distributed
+           (model ``quantize_base``)        (model ``quantize_base``)
+dpo        lora_dpo_single_device           lora_dpo_distributed
+qat        qat_distributed (one rank)       qat_distributed
+qat-lora   qat_lora_finetune_distributed    qat_lora_finetune_distributed
+=========  ===============================  =================================
+
+Each rank (a process torch.distributed.run started; the worker does not
+start a process group for these cells, the distributed recipes do) writes
+the recipe's YAML config into the cell directory (``llm-recipe-rank<N>.yaml``)
+and calls the recipe's ``recipe_main`` with it in-process, exactly as ``tune
+run <recipe> --config <file>`` would. What the suite adds is all in that
+config as component paths: a metric logger that timestamps every step
+(``llm_probe.StepLogger``), a collate function that notes batch shapes, and
+checkpointers that skip writing the trained model. ``llm_compat`` patches the
+few places where torchtune 0.6.1 cannot run here (CPU, torchao 0.13, one
+rank), outside the training math. How metrics are derived: ``llm_metrics``.
+
+Options (``RankContext.options``): ``llm_checkpoint_dir``, ``llm_tokenizer``,
+``llm_data_dir`` (real model, tokenizer, data), ``llm_model`` (tiny|8b),
+``llm_save_checkpoint`` (1 keeps torchtune's saving), ``cache_dir`` (where
+generated data and random weights go; else $PERFSUITE_CACHE_DIR, else
+``.perfsuite/cache`` under the working directory).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+# Nothing may be fetched from a hub: Hugging Face libraries read these when
+# first imported (below, through torchtune), so they are set before that.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+from perfsuite.workloads import (
+    llm_assets,
+    llm_compat,
+    llm_config,
+    llm_metrics,
+    llm_probe,
+)
+
+
+def cache_dir(options: dict[str, str]) -> Path:
+    chosen = options.get("cache_dir") or os.environ.get("PERFSUITE_CACHE_DIR")
+    return Path(chosen).expanduser() if chosen else Path.cwd() / ".perfsuite" / "cache"
+
+
+def run_recipe(recipe_module: Any, config_path: Path) -> None:
+    """``tune run <recipe> --config <config_path>``, inside this process."""
+    argv = sys.argv
+    sys.argv = ["tune", "--config", str(config_path)]
+    try:
+        recipe_module.recipe_main()
+    except SystemExit as done:  # torchtune's config.parse ends with sys.exit(...)
+        if done.code not in (None, 0):
+            raise RuntimeError(f"{recipe_module.__name__} exited with {done.code!r}") from None
+    finally:
+        sys.argv = argv
+
+
+def model_facts(plan: llm_config.RecipePlan) -> dict[str, Any]:
+    """Parameter counts for FLOPs, from the model built on the meta device."""
+    import torch
+    from omegaconf import OmegaConf
+    from torchtune import config as tt_config
+
+    base = llm_assets.build_base_model(plan.model_size)
+    total = sum(p.numel() for p in base.parameters())
+    embedding = base.tok_embeddings.weight.numel()
+    adapters = 0
+    if plan.config["model"]["_component_"].split(".")[-1] not in ("llama3", "llama3_8b"):
+        section = {k: v for k, v in plan.config["model"].items() if k != "quantize_base"}
+        section["_component_"] = section["_component_"].replace("qlora_", "lora_")
+        with torch.device("meta"):
+            tuned = tt_config.instantiate(OmegaConf.create(section))
+        adapters = sum(p.numel() for n, p in tuned.named_parameters() if "lora_" in n)
+    width = base.tok_embeddings.weight.shape[1]
+    return {"params": total, "matmul_params": total - embedding, "adapter_params": adapters,
+            "trainable_params": adapters or total, "layers": len(base.layers), "width": width}
+
+
+def run(cell: Any, ctx: Any) -> dict[str, Any]:
+    """Run ``cell`` on this rank; returns metrics, measured steps and info."""
+    import torch
+
+    if ctx.world_size != cell.world_size:
+        raise ValueError(f"cell {cell.id} wants {cell.world_size} ranks, launched with "
+                         f"{ctx.world_size}")
+    if cell.device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"cell {cell.id} needs CUDA, and torch sees no GPU")
+    plan = llm_config.build_plan(cell, ctx.rank, ctx.world_size, Path(ctx.out_dir),
+                                 dict(ctx.options), cache_dir(ctx.options),
+                                 seed=getattr(ctx, "seed", 0))
+    llm_config.write_config(plan)
+    if cell.device == "cuda":
+        torch.cuda.set_device(ctx.local_rank)  # recipes use the current device
+    recipe = llm_config.load_recipe(plan.recipe)
+    with llm_compat.recipe_compat(recipe, cell.device, cell.strategy,
+                                  plan.distributed) as patched, \
+            llm_probe.observe(recipe, cell.pin_memory) as probe:
+        run_recipe(recipe, plan.config_path)
+    step_log = llm_probe.read_step_log(plan.step_log)
+    batches = llm_probe.trained_batches(list(llm_probe.BATCHES), cell.epochs, cell.max_steps)
+    facts = model_facts(plan)
+    metrics, steps, measured_info = llm_metrics.summarise(
+        technique=cell.strategy, recipe=plan.recipe, device=torch.device(ctx.device),
+        world_size=ctx.world_size, warmup=cell.warmup_steps, epochs=cell.epochs,
+        step_log=step_log, batches=batches, model_facts=facts, precision=cell.precision)
+    info = {**plan.info, **measured_info, **probe, "model_params": facts["params"],
+            "trainable_params": facts["trainable_params"], "config_file": str(plan.config_path),
+            "step_log": str(plan.step_log) if step_log else None,
+            "compat_patches": patched,
+            "saves_checkpoint": "SkipSave" not in plan.config["checkpointer"]["_component_"]}
+    return {"metrics": metrics, "steps": steps, "info": info}
+
