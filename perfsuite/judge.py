@@ -65,8 +65,19 @@ def sanity_checks(cell: Cell, result: dict[str, Any]) -> list[dict[str, Any]]:
     return checks
 
 
+def _loss_falls(curve: list[float]) -> tuple[bool, str]:
+    """The last third of the loss curve below the first third, on average."""
+    third = max(len(curve) // 3, 1)
+    first, last = sum(curve[:third]) / third, sum(curve[-third:]) / third
+    return last < first, f"mean loss {first:.4g} over the first {third} steps, {last:.4g} over the last {third}"
+
+
 def target_checks(cell: Cell, result: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
+    curve = result.get("metrics", {}).get("loss", {}).get("samples") or []
+    if cell.workload == "llm" and cell.tier == "smoke" and len(curve) >= 3:
+        ok, how = _loss_falls(curve)
+        out.append(_check("loss.decreases", ok, curve[-1], "last third below the first", how))
     if cell.min_accuracy > 0:
         acc = result.get("metrics", {}).get("accuracy", {}).get("value")
         ok = isinstance(acc, float) and acc >= cell.min_accuracy

@@ -48,7 +48,7 @@ from typing import Any
 from perfsuite.fsutil import atomic_write_text
 
 DATA_DIR = Path(__file__).parent / "data" / "llm"
-GENERATOR_VERSION = 1  # bump when generated rows change: it is part of the file name
+GENERATOR_VERSION = 2  # bump when generated rows change: it is part of the file name
 DEFAULT_GENERATED_ROWS = 1024
 
 NAMES = ("Anna", "Tom", "Kate", "John", "Maria", "Peter", "Lucy", "Mark", "Emma", "Jack",
@@ -195,9 +195,11 @@ def _row(name: str, rng: random.Random, index: int) -> dict[str, Any]:
             turns.insert(0, {"from": "system", "value": text_of_length(rng, draw["system"])})
         return {"conversations": turns}
     if name == "stack_exchange_paired":
+        # The rejected answer is the same kind of text in capitals: a preference
+        # a model can learn, so a short DPO run shows its loss falling.
         return {"qid": index, "question": text_of_length(rng, draw["question"]),
                 "response_j": text_of_length(rng, draw["response_j"]),
-                "response_k": text_of_length(rng, draw["response_k"])}
+                "response_k": text_of_length(rng, draw["response_k"]).upper()}
     raise ValueError(f"no generator for dataset {name!r}")
 
 

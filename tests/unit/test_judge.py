@@ -64,3 +64,14 @@ def test_flagged_node_turns_regressions_untrustworthy():
 def test_unknown_step_time_asks_for_more_steps():
     assert needs_more_steps([{"name": "step_time", "metric": "step_time", "verdict": "unknown"}])
     assert not needs_more_steps([{"name": "step_time", "metric": "step_time", "verdict": "same"}])
+
+
+def test_llm_smoke_loss_must_fall():
+    cell = cells.get("smoke/llm/lora/alpaca/c1/fp32/nopin")
+    falling = measured(cell, [0.1] * 5)
+    falling["metrics"]["loss"]["samples"] = [7.6, 7.5, 7.4, 7.3, 7.2, 7.1]
+    flat = measured(cell, [0.1] * 5)
+    flat["metrics"]["loss"]["samples"] = [7.6, 7.6, 7.7, 7.6, 7.7, 7.7]
+    assert not failures({"checks": judge(cell, falling)})
+    (bad,) = failures({"checks": judge(cell, flat)})
+    assert bad["name"] == "loss.decreases" and "first 2 steps" in bad["message"]
