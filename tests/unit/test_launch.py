@@ -39,8 +39,7 @@ def test_round_robin_with_odd_batch_count_does_not_hang(tmp_path):
 def test_crash_in_one_cell_keeps_earlier_results(tmp_path):
     good = tiny(world_size=1)
     bad = tiny(strategy="ddp", world_size=2)
-    runner = Runner(tmp_path, LaunchOptions(options={"fault": "raise:1:3"}))
-    runner.launch.options = {}
+    runner = Runner(tmp_path, LaunchOptions(), probe=False)
     first = runner.result(good)
     runner.launch.options = {"fault": "raise:1:3"}
     second = runner.result(bad)
@@ -48,6 +47,7 @@ def test_crash_in_one_cell_keeps_earlier_results(tmp_path):
     assert second["status"] == "error"
     assert "rank 1 failed: RuntimeError: injected fault: rank 1 raised at step 3" in second["reason"]
     assert "injected fault" in second["output_tail"]
+    assert "injected fault" in second["ranks"][1]["tail"]  # that rank's own output
     saved = json.loads((tmp_path / "results.json").read_text())
     assert [c["status"] for c in saved["cells"]] == ["ok", "error"]
     assert saved["cells"][0]["metrics"]["step_time"]["samples"] == first["metrics"]["step_time"]["samples"]
