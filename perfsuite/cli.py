@@ -31,6 +31,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id, slurm=args.slurm)
     except ValueError as err:
         raise SystemExit(f"perfsuite run: {err}") from None
+    launch.on_progress = lambda cell, line: print(f"    {cell.id}: {line}", flush=True)
     runner = Runner(args.out or default_out_dir(), launch, resume=args.resume,
                     baselines=args.baselines, probe=not args.no_probe)
     handle_sigterm()

@@ -21,9 +21,9 @@ class RankContext:
     seed: int = 0
     progress: Any = None  # meter.Progress: call progress.update(step, phase)
 
-    def report_progress(self, step: int, phase: str = "step") -> None:
+    def report_progress(self, step: int, phase: str = "step", total: int = 0) -> None:
         if self.progress is not None:
-            self.progress.update(step, phase)
+            self.progress.update(step, phase, total)
 
     @classmethod
     def from_env(cls, device_type: str, out_dir: Path, data_dir: Path | None = None,

@@ -60,9 +60,10 @@ def read_progress(directory: Path) -> dict[int, dict[str, Any]]:
     out = {}
     for path in Path(directory).glob("progress-rank*"):
         try:
-            step, stamp, phase = path.read_text().split()[:3]
+            fields = path.read_text().split()
             out[int(path.name.removeprefix("progress-rank"))] = {
-                "step": int(step), "time": float(stamp), "phase": phase}
+                "step": int(fields[0]), "time": float(fields[1]), "phase": fields[2],
+                "total": int(fields[3]) if len(fields) > 3 else 0}
         except (OSError, ValueError):
             continue  # a rank that died mid-write: no progress known
     return out
@@ -83,6 +84,30 @@ def _main_thread_top(stack: str) -> str:
     main = next((b for b in blocks if b.startswith("Current thread")), blocks[-1])
     frames = [l.strip() for l in main.splitlines()[1:] if l.strip().startswith("File")]
     return frames[0] if frames else "no Python frame"
+
+
+class ProgressWatch:
+    """Lines like "rank 0 step 120/938 (train), ~3.1 min left" for a running cell."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._first: dict[int, tuple[float, int]] = {}
+
+    def line(self) -> str | None:
+        progress = read_progress(self.directory)
+        if not progress:
+            return None
+        parts = []
+        for rank, p in sorted(progress.items()):
+            first_time, first_step = self._first.setdefault(rank, (p["time"], p["step"]))
+            text = f"rank {rank} step {p['step']}" + (f"/{p['total']}" if p["total"] else "")
+            text += f" ({p['phase']})"
+            done = p["step"] - first_step
+            if p["total"] and done > 0:
+                left = (p["total"] - p["step"]) * (p["time"] - first_time) / done
+                text += f", ~{left / 60:.1f} min left"
+            parts.append(text)
+        return "; ".join(parts)
 
 
 def hang_report(processes: int, progress: dict[int, dict], stacks: dict[int, str]) -> str:

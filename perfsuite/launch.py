@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from perfsuite import diagnose, multinode
 from perfsuite.cells import Cell
@@ -26,6 +26,7 @@ from perfsuite.fsutil import atomic_write_json
 from perfsuite.results import aggregate, skipped_result
 
 OUTPUT_TAIL_CHARS = 4000
+PROGRESS_EVERY_S = 30.0
 STACK_DUMP_GRACE_S = 2.0
 TERMINATE_GRACE_S = 10.0
 
@@ -38,6 +39,7 @@ class LaunchOptions:
     # None: profile cells get nsys where it works, torch.profiler otherwise;
     # "nsys" | "torch": every cell is profiled that way; "off": none is.
     profiler: str | None = None
+    on_progress: Callable[[Cell, str], None] | None = None  # called every PROGRESS_EVERY_S
     gpus: list[int] | None = None  # this session's GPUs (CUDA_VISIBLE_DEVICES)
     nodes: "multinode.Nodes" = field(default_factory=lambda: multinode.Nodes())
     python: str = sys.executable
@@ -128,6 +130,27 @@ def _attach_profile(result: dict[str, Any], mode: str, note: str, profile_dir: P
         atomic_write_json(profile_dir / "summary.json", result["profile"])
 
 
+def _wait(proc: subprocess.Popen, timeout: float, cell: Cell, directory: Path,
+          on_progress: Callable[[Cell, str], None] | None) -> int:
+    """proc.wait(timeout), telling on_progress where the ranks are meanwhile."""
+    if on_progress is None:
+        return proc.wait(timeout=timeout)
+    watch = diagnose.ProgressWatch(directory)
+    deadline = time.monotonic() + timeout
+    next_report = time.monotonic() + PROGRESS_EVERY_S
+    while True:
+        try:
+            return proc.wait(timeout=max(min(deadline - time.monotonic(), 1.0), 0.01))
+        except subprocess.TimeoutExpired:
+            if time.monotonic() >= deadline:
+                raise
+        if time.monotonic() >= next_report:
+            next_report += PROGRESS_EVERY_S
+            line = watch.line()
+            if line:
+                on_progress(cell, line)
+
+
 def _records(directory: Path, processes: int, token: str, wait_s: float) -> list[dict | None]:
     """This run's rank records; waits a little for ranks on other nodes."""
     deadline = time.time() + wait_s
@@ -199,7 +222,7 @@ def run_cell(cell: Cell, out_dir: Path, opts: LaunchOptions | None = None) -> di
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
         try:
-            returncode = proc.wait(timeout=timeout)
+            returncode = _wait(proc, timeout, cell, directory, opts.on_progress)
         except subprocess.TimeoutExpired:
             timed_out = True
             _end_process_tree(proc, dump_stacks=True)

@@ -100,9 +100,9 @@ class Progress:
     def __init__(self, path: Path | None) -> None:
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644) if path else None
 
-    def update(self, step: int, phase: str = "step") -> None:
+    def update(self, step: int, phase: str = "step", total: int = 0) -> None:
         if self._fd is not None:
-            line = f"{step} {time.time():.3f} {phase}"[: self.WIDTH - 1]
+            line = f"{step} {time.time():.3f} {phase} {total}"[: self.WIDTH - 1]
             os.pwrite(self._fd, line.ljust(self.WIDTH - 1).encode() + b"\n", 0)
 
     def close(self) -> None:

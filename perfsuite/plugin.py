@@ -67,6 +67,13 @@ def _session_runner(config: pytest.Config) -> Runner:
             rdzv_id=get("--perf-rdzv-id"), slurm=get("--perf-slurm"))
     except ValueError as err:
         raise pytest.UsageError(f"perfsuite: {err}") from None
+
+    def on_progress(cell, line: str) -> None:  # long cells say where their ranks are
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"    {cell.id}: {line}")
+
+    launch.on_progress = on_progress
     out = get("--perf-out") or default_out_dir(config.rootpath)
     return Runner(out, launch, resume=get("--perf-resume"), baselines=get("--perf-baselines"),
                   probe=not get("--perf-no-probe"))

@@ -192,7 +192,7 @@ def run(cell: Cell, ctx: RankContext) -> dict[str, Any]:
             batches = iter(loader)
             with WallClock(device) as epoch_clock:
                 for _ in range(steps):
-                    ctx.report_progress(step_index, "train")
+                    ctx.report_progress(step_index, "train", steps * cell.epochs)
                     faults.at_step(fault, ctx.rank, step_index)
                     timer.mark()
                     with phase("data"):

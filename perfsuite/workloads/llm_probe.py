@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +31,8 @@ from types import ModuleType
 from typing import Any
 
 import torch
+
+from perfsuite.meter import Progress
 
 LOGGERS: dict[str, StepLogger] = {}
 BATCHES: list[dict[str, Any]] = []
@@ -45,12 +48,15 @@ def _number(value: Any) -> Any:
 class StepLogger:
     """torchtune ``MetricLoggerInterface``: one record per ``log_dict`` call."""
 
-    def __init__(self, path: str, **_ignored: Any) -> None:
+    def __init__(self, path: str, total_steps: int = 0, **_ignored: Any) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "w")  # noqa: SIM115 - open across log calls
         self.records: list[dict[str, Any]] = []
         LOGGERS[str(self.path)] = self
+        # The suite's progress record for this rank (hang diagnosis, time left).
+        self._progress = Progress(self.path.parent / f"progress-rank{os.environ.get('RANK', 0)}")
+        self.total_steps = int(total_steps)
 
     def log_config(self, config: Any) -> None:
         pass  # the suite writes the config itself, beside this file
@@ -66,10 +72,12 @@ class StepLogger:
         self._file.flush()
         record["t_done"] = time.perf_counter()  # the recipe's next step clock starts after this
         self.records.append(record)
+        self._progress.update(int(step), "train", self.total_steps)
 
     def close(self) -> None:
         if not self._file.closed:
             self._file.close()
+        self._progress.close()
 
     def __del__(self) -> None:
         self.close()
