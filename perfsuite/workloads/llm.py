@@ -91,6 +91,25 @@ def model_facts(plan: llm_config.RecipePlan) -> dict[str, Any]:
             "trainable_params": adapters or total, "layers": len(base.layers), "width": width}
 
 
+PROFILED_STEPS = 10
+
+
+def _step_profiler(cell: Any, ctx: Any):
+    """The launcher's profiler choice, windowed on the first measured steps.
+
+    It steps with the recipe's step log, which distributed recipes write on
+    rank 0 only: there the profile covers rank 0.
+    """
+    from perfsuite.profiling.torch_profile import StepProfiler
+
+    warmup = min(cell.warmup_steps, 1)
+    steps = cell.max_steps * cell.epochs if cell.max_steps > 0 else 10**9
+    return StepProfiler.from_env(rank=ctx.rank, wait=max(cell.warmup_steps - warmup, 0),
+                                 warmup=warmup,
+                                 active=max(min(PROFILED_STEPS, steps - cell.warmup_steps), 1),
+                                 cuda=cell.device == "cuda")
+
+
 def run(cell: Any, ctx: Any) -> dict[str, Any]:
     """Run ``cell`` on this rank; returns metrics, measured steps and info."""
     import torch
@@ -107,10 +126,13 @@ def run(cell: Any, ctx: Any) -> dict[str, Any]:
     if cell.device == "cuda":
         torch.cuda.set_device(ctx.local_rank)  # recipes use the current device
     recipe = llm_config.load_recipe(plan.recipe)
+    profiler = _step_profiler(cell, ctx)
     with llm_compat.recipe_compat(recipe, cell.device, cell.strategy,
                                   plan.distributed) as patched, \
-            llm_probe.observe(recipe, cell.pin_memory) as probe:
+            llm_probe.observe(recipe, cell.pin_memory) as probe, \
+            profiler, llm_probe.stepping(profiler.step):
         run_recipe(recipe, plan.config_path)
+    summary = profiler.summary()
     step_log = llm_probe.read_step_log(plan.step_log)
     batches = llm_probe.trained_batches(list(llm_probe.BATCHES), cell.epochs, cell.max_steps)
     facts = model_facts(plan)
@@ -123,5 +145,6 @@ def run(cell: Any, ctx: Any) -> dict[str, Any]:
             "step_log": str(plan.step_log) if step_log else None,
             "compat_patches": patched,
             "saves_checkpoint": "SkipSave" not in plan.config["checkpointer"]["_component_"]}
-    return {"metrics": metrics, "steps": steps, "info": info}
+    return {"metrics": metrics, "steps": steps, "info": info,
+            "profile": summary.to_dict() if summary else None}
 

@@ -45,6 +45,19 @@ def _number(value: Any) -> Any:
     return value
 
 
+STEP_HOOKS: list[Any] = []  # called after every logged step (the step profiler)
+
+
+@contextlib.contextmanager
+def stepping(hook: Any) -> Iterator[None]:
+    """Call ``hook()`` after each step the recipe logs, while inside."""
+    STEP_HOOKS.append(hook)
+    try:
+        yield
+    finally:
+        STEP_HOOKS.remove(hook)
+
+
 class StepLogger:
     """torchtune ``MetricLoggerInterface``: one record per ``log_dict`` call."""
 
@@ -73,6 +86,8 @@ class StepLogger:
         record["t_done"] = time.perf_counter()  # the recipe's next step clock starts after this
         self.records.append(record)
         self._progress.update(int(step), "train", self.total_steps)
+        for hook in STEP_HOOKS:
+            hook()
 
     def close(self) -> None:
         if not self._file.closed:
