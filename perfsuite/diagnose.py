@@ -21,6 +21,10 @@ RANK_PREFIX = "[rank${rank}]: "  # torchrun's --log-line-prefix-template
 _PREFIXED = re.compile(r"^\[rank(\d+)\]: ?(.*)$")
 _FAILURE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
 # Frames of a rank that waits for its peers rather than being the one stuck.
+# A rank's error that only says a peer went away: not the root cause.
+_PEER_FAILURE = re.compile(r"Connection closed|Connection reset by peer|remote worker|"
+                           r"remote process|communicator was aborted|Watchdog caught|"
+                           r"NCCL error.*remote|Broken pipe", re.IGNORECASE)
 _WAITING = re.compile(r"all_reduce|allreduce|barrier|broadcast|all_gather|reduce_scatter|"
                       r"_wait|wait\b|synchronize|distributed_c10d|_sync_buffers|"
                       r"_pre_forward|_post_forward|_run_ddp_forward|backward")
@@ -142,8 +146,10 @@ def crash_report(log_text: str, records: list[dict | None]) -> tuple[str, dict[i
         ranks[rank] = {"exit_code": code, "signal": signal_name(code), "tail": tails.get(rank, "")}
     first = root_cause_rank(log_text)
     failed = [r for r, rec in enumerate(records) if rec and rec.get("status") == "error"]
-    if failed:  # a Python exception: the rank said so itself
-        rank = failed[0]
+    own = [r for r in failed if not _PEER_FAILURE.search(records[r]["error"].get("message", ""))]
+    missing = [r for r, rec in enumerate(records) if rec is None]
+    if own or (failed and not missing):  # the rank whose own error came first
+        rank = min(own or failed, key=lambda r: records[r].get("finished", 0.0))
         err = records[rank]["error"]
         reason = f"rank {rank} failed: {err.get('type')}: {err.get('message')}"
         if err.get("oom"):
@@ -151,8 +157,9 @@ def crash_report(log_text: str, records: list[dict | None]) -> tuple[str, dict[i
                       f"{err.get('peak_mem_allocated', 0) / 2**30:.2f} GiB, reserved "
                       f"{err.get('peak_mem_reserved', 0) / 2**30:.2f} GiB): {err.get('message')}")
         return reason, ranks
-    rank = first if first is not None else next(
-        (r for r, rec in enumerate(records) if rec is None), None)
+    if missing:  # a rank died without a word; the others only lost their peer
+        first = first if first in missing else missing[0]
+    rank = first
     if rank is None:
         return "torch.distributed.run failed; see output.log", ranks
     code = ranks.get(rank, {}).get("exit_code")

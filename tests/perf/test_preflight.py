@@ -16,5 +16,11 @@ def test_preflight_probe(request, perf_session):
     assert figures, "the probe measured nothing"
     for name, metric in figures.items():
         assert math.isfinite(metric["value"]) and metric["value"] > 0, name
+    per_rank = probe["info"]["per_rank"]
+    assert all(len(values) == probe["params"]["world_size"] for values in per_rank.values())
+    assert probe["ranks"] and all(r["status"] == "ok" for r in probe["ranks"])
+    if device == "cpu":
+        assert probe["info"]["allreduce"]["backend"] == "gloo"
+        assert set(figures) == {"matmul_tflops_fp32", "allreduce_busbw_gbps"}
     assessment = probe["assessment"]
     assert assessment["trusted"], "node below its datasheet figures: " + "; ".join(assessment["flags"])

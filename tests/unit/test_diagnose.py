@@ -39,3 +39,14 @@ Root Cause (first observed failure):
     reason, ranks = diagnose.crash_report(log, [{"status": "ok"}, None])
     assert reason == "rank 1 died without a result (killed by SIGKILL)"
     assert ranks[0]["tail"] == "hello"
+
+
+def test_a_rank_that_only_lost_its_peer_is_not_blamed():
+    lost = {"status": "error", "finished": 1.0,
+            "error": {"type": "RuntimeError", "message": "[gloo/pair.cc:561] Connection closed by peer"}}
+    own = {"status": "error", "finished": 2.0,
+           "error": {"type": "RuntimeError", "message": "injected fault: rank 1 raised at step 3"}}
+    reason, _ = diagnose.crash_report("", [lost, own])
+    assert reason == "rank 1 failed: RuntimeError: injected fault: rank 1 raised at step 3"
+    reason, _ = diagnose.crash_report("", [lost, None])  # rank 1 killed, rank 0 lost it
+    assert reason == "rank 1 died without a result (exit code unknown)"

@@ -55,7 +55,8 @@ def test_config_carries_the_cell(technique, world, tmp_path, cache):
     assert cfg["device"] == "cpu" and cfg["dtype"] == "fp32" and cfg["compile"] is False
     assert cfg["log_every_n_steps"] == 1 and cfg["log_peak_memory_stats"] is False
     assert cfg["metric_logger"] == {"_component_": "perfsuite.workloads.llm_probe.StepLogger",
-                                    "path": str(tmp_path / f"llm-steps-rank{world - 1}.jsonl")}
+                                    "path": str(tmp_path / f"llm-steps-rank{world - 1}.jsonl"),
+                                    "total_steps": cell.max_steps * cell.epochs}
     assert cfg["tokenizer"]["max_seq_len"] == 256
     assert cfg["dataset"]["source"] == "json"
     assert cfg["checkpointer"]["_component_"].endswith("SkipSaveTorchTuneCheckpointer")

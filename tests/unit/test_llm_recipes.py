@@ -1,20 +1,14 @@
-"""torchtune's real recipes on the tiny Llama3, on CPU: one rank in-process,
-two ranks over gloo under torch.distributed.run.
+"""torchtune's real recipes on the tiny Llama3, on CPU, one rank in-process.
 
-Run as a script, this file is one rank of the two-rank test:
-``python -m torch.distributed.run --nproc-per-node 2 test_llm_recipes.py OUT TECHNIQUE``.
+Two ranks over gloo through the real worker are the smoke tier's own cells
+(tests/perf/test_llm.py).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-import pytest
 
 from perfsuite.cells import Cell
 from perfsuite.context import RankContext
@@ -61,34 +55,3 @@ def test_lora_single_device_recipe_runs_in_process(tmp_path):
     assert [json.loads(x)["step"] for x in lines] == [1, 2, 3, 4, 5]
     # A loss near ln(vocab) for random weights: the model trains from scratch.
     assert abs(result["metrics"]["loss"]["samples"][0] - math.log(2048)) < 0.5
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("technique", ["lora", "qat-lora"])
-def test_distributed_recipe_runs_on_two_ranks_over_gloo(technique, tmp_path):
-    env = {**os.environ, "PERFSUITE_CACHE_DIR": str(tmp_path / "cache")}
-    done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         __file__, str(tmp_path), technique],
-        capture_output=True, text=True, timeout=300, env=env, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    rank0 = json.loads((tmp_path / "result-rank0.json").read_text())
-    rank1 = json.loads((tmp_path / "result-rank1.json").read_text())
-    check_rank0_result(rank0, steps_run=5, warmup=2)
-    assert rank0["info"]["recipe"].endswith("_distributed")
-    assert "init_process_group: nccl -> gloo on CPU" in rank0["info"]["compat_patches"]
-    # Rank 1 trained as many batches; the recipe logs steps on rank 0 only.
-    assert rank1["steps"] == 0 and rank1["info"]["trained_batches"] == 5
-    assert rank1["metrics"]["peak_rss"]["value"] > 0
-
-
-def _rank_main(out_dir: str, technique: str) -> None:
-    from perfsuite.workloads import llm
-
-    ctx = RankContext.from_env("cpu", Path(out_dir))
-    result = llm.run(tiny_cell(technique, ctx.world_size), ctx)
-    (Path(out_dir) / f"result-rank{ctx.rank}.json").write_text(json.dumps(result))
-
-
-if __name__ == "__main__":
-    _rank_main(*sys.argv[1:3])

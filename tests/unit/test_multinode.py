@@ -36,7 +36,7 @@ def test_bad_layouts_are_explained():
     with pytest.raises(PlanError, match="--rdzv-endpoint"):
         multinode.plan(cells.get(CELL), Nodes(nnodes=2))
     with pytest.raises(PlanError, match="do not split over 2 nodes"):
-        multinode.plan(cells.get("smoke/image/ddp/c1/fp32/px32/nopin/nchw"),
+        multinode.plan(cells.get("smoke/image/ddp-ds/c1/fp32/px32/nopin/nchw"),
                        Nodes(nnodes=2, rdzv_endpoint="h:1", rdzv_id="j"))
     with pytest.raises(PlanError, match="SLURM allocation"):
         Nodes.from_slurm({})
