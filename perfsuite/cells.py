@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import tomllib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
+
+import tomllib
 
 TIERS = ("smoke", "gate", "full")
 WORKLOADS = ("image", "llm", "probe")
@@ -115,7 +117,7 @@ class Cell:
         return out
 
     @classmethod
-    def from_params(cls, params: dict[str, Any]) -> "Cell":
+    def from_params(cls, params: dict[str, Any]) -> Cell:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(params) - known)
         if unknown:
@@ -124,7 +126,7 @@ class Cell:
         values["sources"] = tuple(values.get("sources", ()))
         return cls(**values)
 
-    def replace(self, **changes: Any) -> "Cell":
+    def replace(self, **changes: Any) -> Cell:
         return dataclasses.replace(self, **changes)
 
     def __str__(self) -> str:

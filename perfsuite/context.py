@@ -27,7 +27,7 @@ class RankContext:
 
     @classmethod
     def from_env(cls, device_type: str, out_dir: Path, data_dir: Path | None = None,
-                 options: dict[str, str] | None = None) -> "RankContext":
+                 options: dict[str, str] | None = None) -> RankContext:
         """Read the rank from the variables torch.distributed.run sets."""
         rank = int(os.environ.get("RANK", 0))
         local_rank = int(os.environ.get("LOCAL_RANK", 0))

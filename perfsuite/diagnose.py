@@ -86,7 +86,7 @@ def _main_thread_top(stack: str) -> str:
     """The innermost frame of the thread faulthandler calls 'most recent call first'."""
     blocks = re.split(r"\n(?=(?:Current thread|Thread) 0x)", stack)
     main = next((b for b in blocks if b.startswith("Current thread")), blocks[-1])
-    frames = [l.strip() for l in main.splitlines()[1:] if l.strip().startswith("File")]
+    frames = [ln.strip() for ln in main.splitlines()[1:] if ln.strip().startswith("File")]
     return frames[0] if frames else "no Python frame"
 
 
@@ -141,7 +141,7 @@ def crash_report(log_text: str, records: list[dict | None]) -> tuple[str, dict[i
     codes = exit_codes(log_text)
     tails = rank_tails(log_text)
     ranks: dict[int, Any] = {}
-    for rank, record in enumerate(records):
+    for rank in range(len(records)):
         code = codes.get(rank)
         ranks[rank] = {"exit_code": code, "signal": signal_name(code), "tail": tails.get(rank, "")}
     first = root_cause_rank(log_text)

@@ -29,7 +29,7 @@ class Fault:
     value: float = 0.0
 
     @classmethod
-    def parse(cls, text: str) -> "Fault":
+    def parse(cls, text: str) -> Fault:
         parts = text.split(":")
         if len(parts) not in (3, 4) or parts[0] not in KINDS:
             raise ValueError(f"fault {text!r}: expected KIND:RANK:STEP[:VALUE], KIND in {KINDS}")

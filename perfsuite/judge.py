@@ -136,3 +136,9 @@ def needs_more_steps(checks: list[dict[str, Any]]) -> bool:
 
 def failures(result: dict[str, Any]) -> list[dict[str, Any]]:
     return [c for c in result.get("checks", []) if c["verdict"] in (FAIL, "regressed")]
+
+
+def explain(result: dict[str, Any]) -> str:
+    """The failed checks of a result, one line each: metric, observed, expected, why."""
+    return "\n".join(f"{c['name']}: {c['verdict']}: observed {c['observed']}, expected "
+                     f"{c['expected']}. {c.get('message', '')}" for c in failures(result))

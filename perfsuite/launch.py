@@ -16,9 +16,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from perfsuite import diagnose, multinode
 from perfsuite.cells import Cell
@@ -41,7 +42,7 @@ class LaunchOptions:
     profiler: str | None = None
     on_progress: Callable[[Cell, str], None] | None = None  # called every PROGRESS_EVERY_S
     gpus: list[int] | None = None  # this session's GPUs (CUDA_VISIBLE_DEVICES)
-    nodes: "multinode.Nodes" = field(default_factory=lambda: multinode.Nodes())
+    nodes: multinode.Nodes = field(default_factory=lambda: multinode.Nodes())
     python: str = sys.executable
 
 
@@ -66,7 +67,7 @@ def profiler_mode(cell: Cell, opts: LaunchOptions) -> tuple[str, str]:
 
 
 def torchrun_argv(cell: Cell, directory: Path, opts: LaunchOptions, profiler: str = "off",
-                  plan: "multinode.Plan | None" = None) -> list[str]:
+                  plan: multinode.Plan | None = None) -> list[str]:
     """The command, as a list: no shell, nothing built from a string."""
     worker = ["-m", "perfsuite.worker", "--cell-file", str(directory / "cell.json"),
               "--out", str(directory)]

@@ -76,7 +76,7 @@ class WallClock:
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
 
-    def __enter__(self) -> "WallClock":
+    def __enter__(self) -> WallClock:
         self.started = self._now()
         return self
 

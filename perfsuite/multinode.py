@@ -40,7 +40,7 @@ class Nodes:
     srun: str = "srun"
 
     @classmethod
-    def from_slurm(cls, environ: dict[str, str] | None = None, **kw) -> "Nodes":
+    def from_slurm(cls, environ: dict[str, str] | None = None, **kw) -> Nodes:
         env = os.environ if environ is None else environ
         missing = [k for k in ("SLURM_JOB_ID", "SLURM_JOB_NODELIST") if k not in env]
         if missing:

@@ -11,12 +11,13 @@ and for MFU (``peak_flops(name, "bf16")``).
 from __future__ import annotations
 
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 PEAKS_FILE = Path(__file__).parent / "data" / "peaks.toml"
 

@@ -8,7 +8,6 @@ parametrised over the cells of the selected tier (or of ``--perf-cell``);
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest

@@ -67,7 +67,7 @@ def profile_figure(cells: Sequence[dict[str, Any]],
         left = [0.0] * len(parts)
         for i, name in enumerate(names):
             widths = []
-            for (cell, p), (scale, _) in zip(parts, scales):
+            for (_cell, p), (scale, _) in zip(parts, scales):
                 total = sum(p.values())
                 value = p.get(name, 0.0)
                 widths.append(100.0 * value / total if percent else value * scale)

@@ -6,15 +6,10 @@ Parametrised by the perfsuite plugin over the llm cells of ``--perf-tier``
 
 import pytest
 
-from perfsuite.judge import failures
-
-
-def _explain(result):
-    return "\n".join(f"{c['name']}: {c['verdict']}: observed {c['observed']}, expected "
-                     f"{c['expected']}. {c.get('message', '')}" for c in failures(result))
+from perfsuite.judge import explain, failures
 
 
 @pytest.mark.perf(workload="llm")
 def test_llm_cell(perf_cell, perf_result):
     assert perf_result["checks"], f"{perf_cell.id}: no check was evaluated"
-    assert not failures(perf_result), _explain(perf_result)
+    assert not failures(perf_result), explain(perf_result)

@@ -12,18 +12,16 @@ import time
 
 import psutil
 import pytest
+from cellkit import tiny_image_cell
 
-from perfsuite.cells import Cell
 from perfsuite.launch import LaunchOptions, run_cell
 
 pytestmark = pytest.mark.slow
 
 
 def tiny(**kw):
-    base = dict(tier="smoke", workload="image", strategy="ddp", device="cpu", world_size=2,
-                precision="fp32", pin_memory=False, dataset="digits", batch_size=8,
-                image_size=16, max_steps=8, warmup_steps=2, timeout_s=60)
-    return Cell(**{**base, **kw})
+    return tiny_image_cell(**{"strategy": "ddp", "batch_size": 8, "max_steps": 8,
+                              "timeout_s": 60, **kw})
 
 
 def survivors(marker):

@@ -3,18 +3,13 @@
 import json
 
 import pytest
+from cellkit import tiny_image_cell
 
 from perfsuite import cells
-from perfsuite.cells import Cell
 from perfsuite.launch import LaunchOptions, run_cell
 from perfsuite.runner import Runner
 
-
-def tiny(**kw):
-    base = dict(tier="smoke", workload="image", strategy="ddp-ds", device="cpu", world_size=2,
-                precision="fp32", pin_memory=False, dataset="digits", batch_size=16,
-                image_size=16, max_steps=6, warmup_steps=2, timeout_s=180)
-    return Cell(**{**base, **kw})
+tiny = tiny_image_cell
 
 
 def test_cell_needing_more_gpus_is_skipped_with_reason(tmp_path):

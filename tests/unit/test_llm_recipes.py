@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 
-
 from perfsuite.cells import Cell
 from perfsuite.context import RankContext
 
