@@ -124,6 +124,9 @@ class Runner:
                 break
             measured = with_more_steps(cell, 2 ** (round_ + 1))
         result["remeasured"] = round_
+        if measured is not cell:  # the same cell, measured longer: keyed by its own params
+            result["params"] = cell.params()
+            result["measured_with"] = {"max_steps": measured.max_steps, "epochs": measured.epochs}
         return result
 
     def result(self, cell: Cell) -> dict[str, Any]:
