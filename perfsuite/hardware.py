@@ -133,8 +133,3 @@ def profile_id(env: dict[str, Any]) -> str:
         link = env.get("interconnect") or "unknown-link"
         return f"{_slug(env.get('gpu_name') or 'gpu')}-{memory_gb}gb-x{env['gpu_count']}-{link}"
     return f"cpu-{_slug(env.get('cpu_model') or 'unknown')}-{env.get('cpu_cores')}c"
-
-
-def gpu_model(env: dict[str, Any]) -> str | None:
-    """The GPU model alone: ratios may be compared across profiles sharing it."""
-    return _slug(env["gpu_name"]) if env.get("gpu_name") else None

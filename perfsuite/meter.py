@@ -42,10 +42,6 @@ class StepTimer:
         if self._segments[-1]:
             self._segments.append([])
 
-    @property
-    def steps(self) -> int:
-        return sum(max(len(seg) - 1, 0) for seg in self._segments)
-
     def all_step_times(self) -> list[float]:
         """Seconds per step, warm-up included (synchronises once on CUDA)."""
         times: list[float] = []

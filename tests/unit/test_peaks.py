@@ -17,7 +17,7 @@ from perfsuite import peaks
     ("NVIDIA A100-PCIE-40GB", "a100-pcie-40gb"),
     ("NVIDIA L40S", "l40s-48gb"),
     ("nvidia h100 80gb hbm3", "h100-sxm5-80gb"),  # case and spacing aside
-    ("h100-80gb-hbm3", "h100-sxm5-80gb"),  # hardware.gpu_model's slug
+    ("h100-80gb-hbm3", "h100-sxm5-80gb"),  # a slugged name
 ])
 def test_known_device_names_find_their_row(name, key):
     assert peaks.lookup(name).key == key
