@@ -222,6 +222,23 @@ def _attention(cells: list[dict]) -> str:
     return out + (checks_table(picked, with_cell=True) if picked else "")
 
 
+def _probe(probe: Mapping[str, Any] | None) -> str:
+    """The pre-flight probe: figures, trust, and what was compared or not."""
+    if not probe:
+        return ""
+    if probe.get("status") != "ok":
+        return f"<h2>Pre-flight probe</h2><p class='muted'>{esc(probe.get('status'))}: {esc(probe.get('reason'))}</p>"
+    assessment = probe.get("assessment", {})
+    trusted = assessment.get("trusted", True)
+    state = _badge("trusted", "pass") if trusted else _badge("NOT TRUSTED: regressions are untrustworthy", "fail")
+    rows = [[esc(name), td(m.get("value")), esc(m.get("unit", ""))]
+            for name, m in probe.get("metrics", {}).items()]
+    notes = "".join(f"<li class='fail'>{esc(f)}</li>" for f in assessment.get("flags", []))
+    notes += "".join(f"<li>{esc(n)}</li>" for n in assessment.get("notes", []))
+    return (f"<h2>Pre-flight probe</h2><p>{esc(probe.get('id'))}: {state}</p>"
+            + _table(["figure", "value", "unit"], rows) + (f"<ul>{notes}</ul>" if notes else ""))
+
+
 def _figures(figures: list[ReportFigure]) -> str:
     if not figures:
         return "<h2>Figures</h2><p class='muted'>No figure: the run has no ok cell to plot.</p>"
@@ -316,7 +333,8 @@ def render_html(results: Mapping[str, Any], figures: list[ReportFigure] | None =
         from perfsuite.report.figures import render_figures
 
         figures = render_figures(cells)
-    body = "".join([_header(results, cells), _attention(cells), _cells_table(cells),
+    body = "".join([_header(results, cells), _attention(cells), _probe(results.get("probe")),
+                    _cells_table(cells),
                     _figures(figures), _cell_details(cells), _skipped(cells),
                     _env(results, cells)])
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"

@@ -46,3 +46,9 @@ def test_crash_in_one_cell_keeps_earlier_results(tmp_path):
     saved = json.loads((tmp_path / "results.json").read_text())
     assert [c["status"] for c in saved["cells"]] == ["ok", "error"]
     assert saved["cells"][0]["metrics"]["step_time"]["samples"] == first["metrics"]["step_time"]["samples"]
+
+
+def test_session_gpu_set_bounds_what_a_cell_may_use(tmp_path):
+    cell = cells.get("gate/image/ddp-ds/g1/fp32/px224/nopin/nchw")
+    result = run_cell(cell, tmp_path, LaunchOptions(gpus=[]))
+    assert result["status"] == "skipped" and result["reason"] == "needs 1 GPU(s), 0 present"

@@ -213,3 +213,15 @@ def test_write_reports_next_to_results_json(results, tmp_path, monkeypatch):
     assert set(written) == {"results_csv", "checks_csv", "report_html"}
     assert all(p.parent == tmp_path and p.stat().st_size > 0 for p in written.values())
     assert (tmp_path / "figures" / "step_time.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_probe_section_shows_trust_and_flags():
+    from perfsuite.report.html import render_html
+
+    probe = {"id": "gate/probe/g4", "status": "ok",
+             "metrics": {"matmul_tflops_bf16": {"value": 120.0, "unit": "TFLOP/s"}},
+             "assessment": {"trusted": False, "flags": ["matmul_tflops_bf16 120 < 0.5 x 989.5 <dense>"],
+                            "notes": []}}
+    page = render_html({"cells": [], "probe": probe, "env": {}, "run": {}}, figures=[])
+    assert "Pre-flight probe" in page and "NOT TRUSTED" in page
+    assert "&lt;dense&gt;" in page  # escaped
