@@ -112,10 +112,25 @@ def reset_peak_memory(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
+def peak_rss_bytes() -> int:
+    """This process's own resident-set high-water mark.
+
+    Linux's VmHWM belongs to the process's memory map, new at exec. Not
+    ru_maxrss: that one is inherited through fork and exec, so a rank would
+    report the pytest process's peak whenever that was larger than its own.
+    """
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
 def peak_memory(device: torch.device) -> dict[str, dict[str, Any]]:
     """Peak CUDA allocated/reserved bytes, and the process's peak RSS."""
-    # ru_maxrss is in KiB on Linux: the kernel's own high-water mark.
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    rss = peak_rss_bytes()
     out = {"peak_rss": {"value": float(rss), "unit": "bytes"}}
     if device.type == "cuda":
         out["peak_mem_allocated"] = {"value": float(torch.cuda.max_memory_allocated(device)),
