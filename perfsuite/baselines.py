@@ -229,7 +229,8 @@ class Expectation:
     tolerance: float = 0.0
     better: str = "lower"
     unit: str = ""
-    samples: tuple[float, ...] = ()
+    samples: tuple[float, ...] = ()  # pooled over launches
+    launches: tuple[tuple[float, ...], ...] = ()  # per launch, when recorded repeated
     reference: str = ""
     source: str = ""
     baseline: str = ""
@@ -239,6 +240,17 @@ class Expectation:
     @property
     def available(self) -> bool:
         return bool(self.samples) or any(x is not None for x in (self.value, self.low, self.high))
+
+
+def _samples_of(entry: Any) -> tuple[tuple[float, ...], tuple[tuple[float, ...], ...]]:
+    """A samples.json entry: one launch's samples, or a list of launches'.
+    Returns the pooled samples and the launches (none for a single launch)."""
+    if not entry:
+        return (), ()
+    if isinstance(entry[0], list):
+        launches = tuple(tuple(float(x) for x in launch) for launch in entry)
+        return tuple(x for launch in launches for x in launch), launches
+    return tuple(float(x) for x in entry), ()
 
 
 def _from_rows(rows: pd.DataFrame, bset: BaselineSet, metric: str, reference: str) -> Expectation:
@@ -258,7 +270,7 @@ def _from_rows(rows: pd.DataFrame, bset: BaselineSet, metric: str, reference: st
     return Expectation(
         metric, value, max(lows) if lows else None, min(highs) if highs else None, tol,
         first.get("better") or ("higher" if metric in HIGHER_IS_BETTER else "lower"),
-        first.get("unit", ""), tuple(bset.samples.get(first.get("samples_key") or "", ())),
+        first.get("unit", ""), *_samples_of(bset.samples.get(first.get("samples_key") or "")),
         reference, "; ".join(dict.fromkeys(r["source"] for r in records)), bset.path.name,
         tuple(r["id"] for r in records))
 
@@ -358,7 +370,9 @@ def rows_from_run(results: Mapping[str, Any] | list,
             if not isinstance(data.get("value"), (int, float)) or not math.isfinite(data["value"]):
                 continue
             row_id = f"{cell['id']}:{metric}"
-            if data.get("samples"):
+            if len(data.get("launches") or []) > 1:  # repeated launches stay apart
+                samples[row_id] = [[float(x) for x in launch] for launch in data["launches"]]
+            elif data.get("samples"):
                 samples[row_id] = [float(x) for x in data["samples"]]
             rows.append({"id": row_id, "metric": metric, "value": repr(float(data["value"])),
                          "unit": data.get("unit", ""), "tolerance": str(tol),

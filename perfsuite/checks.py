@@ -95,6 +95,8 @@ def _from_comparison(name: str, metric: str, unit: str, cmp: stats.Comparison,
     source = exp.source if exp else ""
     ci = f"{_fmt(cmp.ci_low)}-{_fmt(cmp.ci_high)}"
     conf = f"{cmp.confidence:.0%} CI " if cmp.confidence else ""
+    if "launch" in cmp.method:  # say over what the interval runs
+        ci += f", {cmp.method} over {cmp.n_new} vs {cmp.n_base} launches"
     message = (f"{metric} {cmp.verdict}: observed {_fmt(observed, unit)}, baseline "
                f"{_fmt(expected, unit)} ±{cmp.tolerance:.0%} ({source or 'given'}); "
                f"ratio {cmp.ratio:.4g} ({conf}{ci})" + (f"; {cmp.reason}" if cmp.reason else ""))
@@ -129,7 +131,12 @@ class StepTimeNotRegressed:
         if not observed:
             return Verdict(self.name, "unknown", metric=self.metric, cell=cell,
                            message=f"cell {cell} reported no {self.metric} samples")
-        if exp.samples:
+        launches = data.get("launches") or []
+        if exp.samples and (len(launches) > 1 or exp.launches):
+            cmp = stats.compare_launches(launches or [observed], exp.launches or [exp.samples],
+                                         exp.tolerance, self.confidence)
+            expected = stats.summary(exp.samples)["median"]
+        elif exp.samples:
             cmp = stats.compare(observed, exp.samples, exp.tolerance, self.confidence)
             expected = stats.summary(exp.samples)["median"]
         else:
@@ -403,7 +410,9 @@ def compare_runs(results_a: Mapping[str, Any], results_b: Mapping[str, Any], *,
             out.append(_skip("step_time", "step_time", msg, cell_id).to_dict())
         else:
             base_samples = _metric(a, "step_time").get("samples") or []
+            base_launches = tuple(map(tuple, _metric(a, "step_time").get("launches") or []))
             exp = (Expectation("step_time", None, tolerance=tolerance, samples=tuple(base_samples),
+                               launches=base_launches if len(base_launches) > 1 else (),
                                source=f"run A cell {cell_id}") if base_samples else
                    Expectation("step_time", reason="run A has no step-time samples"))
             if a.get("status") != "ok":

@@ -32,7 +32,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise SystemExit(f"perfsuite run: {err}") from None
     launch.on_progress = lambda cell, line: print(f"    {cell.id}: {line}", flush=True)
+    if args.repeats < 1:
+        raise SystemExit("perfsuite run: --repeats must be at least 1")
     runner = Runner(args.out or default_out_dir(), launch, resume=args.resume,
+                    repeats=args.repeats,
                     baselines=args.baselines, probe=not args.no_probe)
     handle_sigterm()
     bad = 0
@@ -120,12 +123,16 @@ def _cmd_detection(args: argparse.Namespace) -> int:
     from perfsuite.detection import measure_detection
 
     out = measure_detection(trials=args.trials, cell_id=args.cell, steps=args.steps,
-                            work_dir=args.work_dir)
+                            launches=args.launches, work_dir=args.work_dir)
     print(json.dumps(out, indent=1))
     n = out["trials"]
     print(f"false alarms on unchanged code: {out['false_alarms']}/{n} (goal <= 1/20)")
     print(f"10% slowdown called regressed:  {out['caught_10']}/{n} (goal >= 19/20)")
     print(f" 5% slowdown called regressed:  {out['caught_5']}/{n}")
+    spread = [s for s in out["launch_spread_log_sd"] if s == s]
+    if spread:
+        print(f"spread between identical launches: {sorted(spread)[len(spread) // 2]:.1%} "
+              "(s.d. of log launch medians, median over trials)")
     return 0
 
 
@@ -161,6 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="profile every cell (default: only profile cells)")
     p.add_argument("--baselines", type=Path, help="baselines root (default: baselines/)")
     p.add_argument("--no-probe", action="store_true", help="skip the pre-flight probe")
+    p.add_argument("--repeats", type=int, default=1, metavar="N",
+                   help="launch every cell N times (from 4, verdicts weigh their spread)")
     p.add_argument("--resume", action="store_true",
                    help="keep cells an earlier run into --out measured fully")
     p.add_argument("--gpus", metavar="0,1", help="GPUs this run may use")
@@ -207,7 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
                                          "verdict on a real CPU cell with injected slowdowns")
     p.add_argument("--trials", type=int, default=20)
     p.add_argument("--cell", default="smoke/image/ddp-ds/c1/fp32/px32/nopin/nchw")
-    p.add_argument("--steps", type=int, default=40, help="measured steps per run")
+    p.add_argument("--steps", type=int, default=30, help="measured steps per launch")
+    p.add_argument("--launches", type=int, default=4,
+                   help="launches per group and trial (the verdict weighs their spread from 4)")
     p.add_argument("--work-dir", type=Path)
     p.set_defaults(func=_cmd_detection)
 

@@ -41,6 +41,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="baselines root (default: $PERFSUITE_BASELINES or the project's baselines/)")
     group.addoption("--perf-no-probe", action="store_true",
                     help="skip the pre-flight probe of GPUs, host link and interconnect")
+    group.addoption("--perf-repeats", type=int, default=1, metavar="N",
+                    help="launch every cell N times; from 4 (here and in the baseline) the "
+                         "step-time verdict weighs the spread between launches")
     group.addoption("--perf-resume", action="store_true",
                     help="keep cells an earlier run into --perf-out measured fully")
     group.addoption("--perf-gpus", default=None, metavar="0,1",
@@ -74,8 +77,10 @@ def _session_runner(config: pytest.Config) -> Runner:
 
     launch.on_progress = on_progress
     out = get("--perf-out") or default_out_dir(config.rootpath)
+    if get("--perf-repeats") < 1:
+        raise pytest.UsageError("perfsuite: --perf-repeats must be at least 1")
     return Runner(out, launch, resume=get("--perf-resume"), baselines=get("--perf-baselines"),
-                  probe=not get("--perf-no-probe"))
+                  probe=not get("--perf-no-probe"), repeats=get("--perf-repeats"))
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from perfsuite.cells import Cell
 from perfsuite.fsutil import atomic_write_json
 from perfsuite.stats import summary
@@ -101,6 +103,40 @@ def aggregate(cell: Cell, records: list[dict | None], *, status: str, reason: st
             merged = merge_rank_summaries([ProfileSummary.from_dict(p) for p in profiles])
             result["profile"] = merged.to_dict()
     return result
+
+
+def merge_repeats(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One result from R launches of the same cell (``--perf-repeats``).
+
+    Step times keep each launch's samples apart (``step_time.launches``), so a
+    verdict can weigh the spread between launches, not only within one; the
+    pooled samples and their summary stand for the cell. Other metrics take
+    the median over launches (peaks: the maximum). A launch that did not
+    finish ok is the result: the failure is what the cell reports.
+    """
+    if len(results) == 1:
+        return results[0]
+    bad = next((r for r in results if r["status"] != "ok"), None)
+    if bad is not None:
+        ok = sum(r["status"] == "ok" for r in results)
+        return {**bad, "reason": f"launch {results.index(bad) + 1} of {len(results)}: "
+                f"{bad.get('reason')} ({ok} launch(es) ok)"}
+    merged = {**results[0], "duration_s": sum(r.get("duration_s", 0.0) for r in results),
+              "repeats": len(results), "metrics": {}}
+    for name in results[0]["metrics"]:
+        have = [r["metrics"][name] for r in results if name in r["metrics"]]
+        if name == "step_time":
+            launches = [list(m.get("samples", [])) for m in have]
+            pooled = [x for launch in launches for x in launch]
+            merged["metrics"][name] = {
+                "value": summary(pooled)["median"], "unit": "s", "samples": pooled,
+                **summary(pooled), "launches": launches,
+                "launch_medians": [summary(launch)["median"] for launch in launches]}
+            continue
+        values = [m["value"] for m in have if isinstance(m.get("value"), (int, float))]
+        value = (max(values) if name in _MAX else float(np.median(values))) if values else None
+        merged["metrics"][name] = {**have[0], "value": value}
+    return merged
 
 
 def _json_safe(value: Any) -> Any:

@@ -31,7 +31,9 @@ def handle_sigterm() -> Any:
     return signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
 
 
-REMEASURE_ROUNDS = 2  # "unknown" verdicts: measure again with 2x, then 4x the steps
+# "Unknown" step-time verdicts: measure again, twice at most: with 2x, then
+# 4x the steps, or, for repeated launches, with as many launches again.
+REMEASURE_ROUNDS = 2
 
 
 def with_more_steps(cell: Cell, factor: int) -> Cell:
@@ -43,8 +45,11 @@ def with_more_steps(cell: Cell, factor: int) -> Cell:
 class Runner:
     def __init__(self, out_dir: Path | str, launch: LaunchOptions | None = None,
                  resume: bool = False, baselines: Path | str | None = None,
-                 probe: bool = True) -> None:
+                 probe: bool = True, repeats: int = 1) -> None:
+        if repeats < 1:
+            raise ValueError(f"repeats must be at least 1, got {repeats}")
         self.out_dir = Path(out_dir)
+        self.repeats = repeats  # launches per cell; more than 1 weighs their spread
         self.launch = launch or LaunchOptions()
         self.baselines_root = baselines
         self.probe_enabled = probe
@@ -114,15 +119,23 @@ class Runner:
     def _measure(self, cell: Cell) -> dict[str, Any]:
         from perfsuite.judge import judge, needs_more_steps
         from perfsuite.launch import run_cell
+        from perfsuite.results import merge_repeats
 
         assessment = self.preflight(cell.device).get("assessment", {})
-        measured = cell
+        measured, launches = cell, []
         for round_ in range(REMEASURE_ROUNDS + 1):
-            result = run_cell(measured, self.out_dir, self.launch)
+            if self.repeats == 1:
+                result = run_cell(measured, self.out_dir, self.launch)
+            else:  # launch k > 1 keeps its own directory: launch<k>/cells/<cell id>
+                launches += [run_cell(cell, self.out_dir / f"launch{k}" if k else self.out_dir,
+                                      self.launch)
+                             for k in range(len(launches), len(launches) + self.repeats)]
+                result = merge_repeats(launches)
             result["checks"] = judge(cell, result, self._twin, self.baseline_sets, assessment)
             if round_ == REMEASURE_ROUNDS or not needs_more_steps(result["checks"]):
                 break
-            measured = with_more_steps(cell, 2 ** (round_ + 1))
+            if self.repeats == 1:
+                measured = with_more_steps(cell, 2 ** (round_ + 1))
         result["remeasured"] = round_
         if measured is not cell:  # the same cell, measured longer: keyed by its own params
             result["params"] = cell.params()

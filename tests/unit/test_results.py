@@ -79,3 +79,37 @@ def test_load_names_a_bad_file(tmp_path):
         results.load(tmp_path)
     with pytest.raises(FileNotFoundError, match="--perf-out"):
         results.load(tmp_path / "nowhere")
+
+
+def measured(samples, status="ok", **metrics):
+    return {"id": "c", "status": status, "reason": None if status == "ok" else "boom",
+            "duration_s": 2.0, "metrics": {
+                "step_time": {"value": sorted(samples)[len(samples) // 2], "unit": "s",
+                              "samples": samples},
+                **{k: {"value": v, "unit": "x"} for k, v in metrics.items()}}}
+
+
+def test_repeated_launches_keep_their_samples_apart():
+    merged = results.merge_repeats([measured([1.0, 1.2, 1.1], peak_rss=5, throughput=10),
+                                    measured([2.0, 2.2, 2.1], peak_rss=7, throughput=20),
+                                    measured([3.0, 3.2, 3.1], peak_rss=6, throughput=30)])
+    step = merged["metrics"]["step_time"]
+    assert step["launches"] == [[1.0, 1.2, 1.1], [2.0, 2.2, 2.1], [3.0, 3.2, 3.1]]
+    assert step["launch_medians"] == [1.1, 2.1, 3.1] and step["n"] == 9
+    assert step["samples"] == [1.0, 1.2, 1.1, 2.0, 2.2, 2.1, 3.0, 3.2, 3.1]
+    assert step["median"] == 2.1 and step["value"] == 2.1
+    assert merged["metrics"]["peak_rss"]["value"] == 7  # a peak: the highest launch
+    assert merged["metrics"]["throughput"]["value"] == 20  # others: the median launch
+    assert merged["repeats"] == 3 and merged["duration_s"] == 6.0
+
+
+def test_a_failed_launch_is_the_result_and_says_which():
+    merged = results.merge_repeats([measured([1.0]), measured([1.0], status="error"),
+                                    measured([1.0])])
+    assert merged["status"] == "error"
+    assert merged["reason"] == "launch 2 of 3: boom (2 launch(es) ok)"
+
+
+def test_one_launch_is_left_as_it_is():
+    one = measured([1.0, 2.0])
+    assert results.merge_repeats([one]) is one

@@ -215,3 +215,43 @@ def test_classify_at_the_tolerance_bound_is_same_not_regressed():
 def test_comparison_to_dict_has_the_contract_keys():
     d = stats.compare(lognormal(21, 10), lognormal(22, 10)).to_dict()
     assert {"verdict", "ratio", "ci_low", "ci_high", "confidence", "p_value"} <= set(d)
+
+
+# ---------------------------------------------------- repeated launches
+
+def launches(seed, count, scale=1.0, launch_sigma=0.10, n=30):
+    """Launches whose levels scatter (sd ``launch_sigma`` in log) far more than
+    their steps do (sd 0.02): the shape measured on a shared VM."""
+    rng = np.random.default_rng(seed)
+    return [lognormal(int(rng.integers(1 << 30)), n, scale * math.exp(rng.normal(0, launch_sigma)),
+                      sigma=0.02) for _ in range(count)]
+
+
+def test_launch_spread_is_weighed_where_pooled_steps_would_call_a_false_regression():
+    base, new = launches(1, 6), launches(2, 6)
+    pooled = stats.compare([x for r in new for x in r], [x for r in base for x in r])
+    judged = stats.compare_launches(new, base)
+    # 180 tight steps a side: the pooled interval is far narrower than the
+    # launch-to-launch scatter, the launch-level one is not.
+    assert (pooled.ci_high - pooled.ci_low) < (judged.ci_high - judged.ci_low) / 3
+    assert judged.n_new == 6 and judged.n_base == 6 and "launch medians" in judged.method
+    assert judged.verdict != "regressed"
+
+
+def test_identical_launch_distributions_are_rarely_called_regressed():
+    called = sum(stats.compare_launches(launches(2 * s, 6), launches(2 * s + 1, 6)).verdict
+                 == "regressed" for s in range(200))
+    assert called <= 10  # 5 % at most, at 95 % confidence
+
+
+def test_a_large_shift_between_launches_is_called():
+    cmp = stats.compare_launches(launches(3, 6, scale=1.6, launch_sigma=0.02),
+                                 launches(4, 6, launch_sigma=0.02))
+    assert cmp.verdict == "regressed" and cmp.ci_low > 1.05 and cmp.p_value < 0.05
+
+
+def test_too_few_launches_fall_back_to_pooled_steps_and_say_so():
+    cmp = stats.compare_launches(launches(5, 3), launches(6, 8))
+    assert cmp.n_new == 90 and cmp.n_base == 240
+    assert "within-launch spread only (3 launch(es) vs 8" in cmp.reason
+    assert cmp.method == stats.compare([1.0] * 5, [1.0] * 5).method

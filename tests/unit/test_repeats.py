@@ -1,0 +1,139 @@
+"""Repeated launches of a cell: the Runner's repeats, baselines that keep
+launches apart, and the detection benchmark's interleaved trials.
+
+Launches are stood in for by a fake ``run_cell`` whose launches scatter in
+level (as identical launches do on a shared machine) and slow down by the
+injected ``slow`` fault; the real launch path has its own tests."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from perfsuite import baselines as bl
+from perfsuite import detection
+from perfsuite.launch import LaunchOptions
+from perfsuite.runner import Runner
+from tests.unit.cellkit import tiny_image_cell
+
+CPU_ENV = {"cpu_model": "AMD EPYC 9334", "cpu_cores": 2, "gpu_count": 0}
+
+
+class FakeLaunches:
+    """run_cell's stand-in: records each launch's directory and options."""
+
+    def __init__(self, seed=0, launch_sigma=0.01, level=0.1):
+        self.rng = np.random.default_rng(seed)
+        self.launch_sigma, self.level = launch_sigma, level
+        self.calls = []
+
+    def __call__(self, cell, out_dir, opts=None):
+        opts = opts or LaunchOptions()
+        self.calls.append((cell.id, out_dir, dict(opts.options)))
+        fault = opts.options.get("fault", "")
+        slow = float(fault.split(":")[3]) if fault.startswith("slow") else 0.0
+        level = self.level * math.exp(self.rng.normal(0, self.launch_sigma)) * (1 + slow)
+        samples = list(self.rng.lognormal(math.log(level), 0.01, 20))
+        return {"id": cell.id, "params": cell.params(), "status": "ok", "reason": None,
+                "env": CPU_ENV, "duration_s": 1.0, "checks": [], "ranks": [],
+                "metrics": {"step_time": {"value": float(np.median(samples)), "unit": "s",
+                                          "samples": samples},
+                            "throughput": {"value": 16 / level, "unit": "images/s"}}}
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    launches = FakeLaunches()
+    monkeypatch.setattr("perfsuite.launch.run_cell", launches)
+    monkeypatch.setattr("perfsuite.detection.run_cell", launches)
+    return launches
+
+
+def measured_here(runner):
+    """The runner's results as a run of the fake launches' machine."""
+    return {"schema": "perfsuite.results/1", "env": CPU_ENV, "cells": runner.results}
+
+
+def step_check(result):
+    return next(c for c in result["checks"] if c["name"] == "step_time")
+
+
+def test_runner_launches_each_cell_repeatedly_into_its_own_directories(tmp_path, fake):
+    cell = tiny_image_cell(world_size=1)
+    result = Runner(tmp_path, probe=False, baselines=tmp_path / "none", repeats=4).result(cell)
+    assert [d for _, d, _ in fake.calls] == [tmp_path, tmp_path / "launch1",
+                                            tmp_path / "launch2", tmp_path / "launch3"]
+    assert result["repeats"] == 4 and len(result["metrics"]["step_time"]["launches"]) == 4
+    saved = json.loads((tmp_path / "results.json").read_text())["cells"][0]
+    assert saved["metrics"]["step_time"]["launch_medians"] == \
+        result["metrics"]["step_time"]["launch_medians"]
+
+
+def test_repeats_must_be_positive(tmp_path):
+    with pytest.raises(ValueError, match="repeats must be at least 1"):
+        Runner(tmp_path, repeats=0)
+
+
+def test_a_baseline_recorded_from_launches_judges_launch_by_launch(tmp_path, fake):
+    cell = tiny_image_cell(world_size=1)
+    reference = Runner(tmp_path / "ref", probe=False, baselines=tmp_path / "none", repeats=4)
+    reference.result(cell)
+    plan = bl.record_run(measured_here(reference), root=tmp_path / "baselines")
+    stored = json.loads((plan.folder / "samples.json").read_text())
+    key = f"{cell.id}:step_time"
+    assert len(stored[key]) == 4 and all(len(launch) == 20 for launch in stored[key])
+    exp = bl.find_expectation(cell.params(), "step_time", plan.folder.name,
+                              root=tmp_path / "baselines")
+    assert len(exp.launches) == 4 and len(exp.samples) == 80
+
+    again = Runner(tmp_path / "new", probe=False, baselines=tmp_path / "baselines", repeats=4)
+    check = step_check(again.result(cell))
+    assert check["verdict"] == "same", check["message"]
+    assert "launch medians" in check["message"]
+
+
+def test_unknown_between_launches_is_measured_with_more_launches(tmp_path, monkeypatch):
+    noisy = FakeLaunches(seed=3, launch_sigma=0.08)
+    monkeypatch.setattr("perfsuite.launch.run_cell", noisy)
+    cell = tiny_image_cell(world_size=1)
+    reference = Runner(tmp_path / "ref", probe=False, baselines=tmp_path / "none", repeats=4)
+    reference.result(cell)
+    bl.record_run(measured_here(reference), root=tmp_path / "baselines")
+    before = len(noisy.calls)
+    result = Runner(tmp_path / "new", probe=False, baselines=tmp_path / "baselines",
+                    repeats=4).result(cell)
+    launched = len(noisy.calls) - before
+    assert launched == 4 * (result["remeasured"] + 1)
+    assert len(result["metrics"]["step_time"]["launches"]) == launched
+    if result["remeasured"]:  # every launch kept, none overwritten
+        assert len({d for _, d, _ in noisy.calls[before:]}) == launched
+
+
+def test_detection_trial_interleaves_groups_and_judges_against_the_recorded_reference(
+        tmp_path, fake):
+    cell = tiny_image_cell(world_size=1)
+    out = detection.run_trial(cell, tmp_path, launches=4, environment=CPU_ENV)
+    faults = {d.parent.name: opts.get("fault") for _, d, opts in fake.calls}
+    assert faults == {"reference": None, "unchanged": None, "slow10": "slow:*:0:0.1",
+                      "slow5": "slow:*:0:0.05"}
+    # every group launched 4 times, and each round starts with another group
+    assert len(fake.calls) == 16
+    firsts = [fake.calls[4 * r][1].parent.name for r in range(4)]
+    assert firsts == ["reference", "unchanged", "slow10", "slow5"]
+    assert (tmp_path / "baselines").is_dir()
+    verdicts = {name: check["verdict"] for name, check in out["checks"].items()}
+    # launches scatter 1 %: a 10 % slowdown clears the 5 % tolerance, none is a false alarm
+    assert verdicts["unchanged"] == "same" and verdicts["slow 10%"] == "regressed"
+    assert all(len(ms) == 4 for ms in out["launch_medians"].values())
+
+
+def test_launch_order_rotates_through_every_group():
+    orders = [detection.launch_order(r) for r in range(4)]
+    assert [o[0] for o in orders] == list(detection.GROUPS)
+    assert all(sorted(o) == sorted(detection.GROUPS) for o in orders)
+
+
+def test_launch_spread_removes_each_groups_level():
+    spread = detection.launch_spread({"a": [1.0, 1.0], "b": [2.0, 2.0 * math.e ** 0.2]})
+    assert spread == pytest.approx(math.sqrt(2 * 0.1 ** 2 / 2))
