@@ -98,3 +98,32 @@ def test_classify_is_consistent(a, b, tol, higher):
     if verdict == worse:
         assert low > 1 + tol - 1e-9
     assert verdict in stats.VERDICTS
+
+
+launch_sets = st.lists(st.lists(seconds, min_size=3, max_size=12), min_size=1, max_size=7)
+
+
+@settings(**FAST)
+@given(launch_sets, launch_sets, tolerances, st.randoms(use_true_random=False))
+def test_launch_verdict_ignores_the_order_of_launches_and_of_their_steps(new, base, tol, rnd):
+    first = stats.compare_launches(new, base, tol)
+    shuffled = [[rnd.sample(launch, len(launch)) for launch in side] for side in (new, base)]
+    for side in shuffled:
+        rnd.shuffle(side)
+    assert stats.compare_launches(*shuffled, tol) == first
+
+
+@settings(**FAST)
+@given(launch_sets, launch_sets, tolerances, factors)
+def test_launch_verdict_survives_scaling_both_sides(new, base, tol, factor):
+    scaled = [[[x * factor for x in launch] for launch in side] for side in (new, base)]
+    one, other = stats.compare_launches(new, base, tol), stats.compare_launches(*scaled, tol)
+    assert other.verdict == one.verdict
+    assert math.isclose(other.ratio, one.ratio, rel_tol=1e-9)
+
+
+@settings(**FAST)
+@given(st.lists(st.lists(seconds, min_size=3, max_size=12), min_size=4, max_size=7), tolerances)
+def test_identical_launches_are_never_called_regressed(launches, tol):
+    cmp = stats.compare_launches(launches, launches, tol)
+    assert cmp.verdict in ("same", "unknown") and cmp.ci_low <= cmp.ratio <= cmp.ci_high

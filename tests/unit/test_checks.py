@@ -9,6 +9,7 @@ import pytest
 
 from perfsuite import baselines as bl
 from perfsuite import checks as ck
+from perfsuite import stats
 from perfsuite.baselines import Expectation
 
 PAPER = Path(bl.__file__).resolve().parent.parent / "baselines" / "h100-sxm-94gb-x4-nvlink-paper"
@@ -224,6 +225,28 @@ def test_compare_runs_cell_by_cell():
     assert by[("c2", "step_time")]["verdict"] == "same"
     assert by[("only-a", "compare")]["verdict"] == "skipped"
     json.dumps(out, allow_nan=False)
+
+
+def repeated(levels, seed, cell_id="c1"):
+    """A cell launched once per level, its launches kept apart."""
+    out = result(levels[0], seed=seed, cell_id=cell_id)
+    launches = [steps(level, seed=seed + i) for i, level in enumerate(levels)]
+    out["metrics"]["step_time"].update(
+        samples=[x for launch in launches for x in launch], launches=launches)
+    return out
+
+
+def test_compare_runs_judges_repeated_launches_by_their_spread():
+    # Launch levels scatter 0.09-0.12: pooled 120 tight steps a side would call
+    # the 15 % higher run B regressed; its launches overlap run A's.
+    a = run(repeated([0.09, 0.12, 0.10, 0.11], seed=10))
+    b = run(repeated([0.1035, 0.138, 0.115, 0.1265], seed=20))
+    pooled = stats.compare(b["cells"][0]["metrics"]["step_time"]["samples"],
+                           a["cells"][0]["metrics"]["step_time"]["samples"])
+    check = {v["name"]: v for v in bl.compare_runs(a, b)}["step_time"]
+    assert pooled.verdict == "regressed"
+    assert check["verdict"] == "unknown"
+    assert "launch medians, Mann-Whitney interval over 4 vs 4 launches" in check["message"]
 
 
 def test_compare_runs_on_different_hardware_skips_absolute_metrics():
