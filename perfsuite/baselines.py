@@ -23,6 +23,7 @@ from typing import Any
 
 import pandas as pd
 
+from perfsuite import stats
 from perfsuite.fsutil import atomic_write_text
 
 FORMAT = "perfsuite.baselines/1"
@@ -52,6 +53,8 @@ HIGHER_IS_BETTER = frozenset({"throughput", "accuracy", "speedup"})
 RECORDED_TOLERANCE = {"step_time": 0.05, "throughput": 0.05, "epoch_time": 0.05,
                       "total_time": 0.10, "accuracy": 0.02, "peak_mem_allocated": 0.05,
                       "peak_mem_reserved": 0.05, "peak_rss": 0.10, "h2d_bytes": 0.01}
+# What a launch contributes to a launch-level verdict; a profile's noise decides (profile.json).
+LAUNCH_STATISTICS = tuple(stats.LAUNCH_STATISTICS)
 ENV_VERSION_KEYS = ("torch", "torchvision", "torchtune", "torchao", "cuda", "cudnn", "nccl",
                     "driver", "python")
 
@@ -108,6 +111,7 @@ class BaselineSet:  # one folder: its profile.json facts and its tables
     ratios: pd.DataFrame
     findings: pd.DataFrame
     samples: dict[str, list[float]] = field(default_factory=dict)
+    launch_statistic: str = "median"  # what a launch contributes to a launch-level verdict
 
     def matches(self, profile_id: str | None) -> bool:
         return profile_id in (self.hardware, *self.aliases)
@@ -185,14 +189,17 @@ def load_profile(path: Path | str) -> BaselineSet:
         (data.get("format") != FORMAT, f"'format' must be {FORMAT!r}"),
         (not data.get("hardware") or not isinstance(data["hardware"], str),
          "'hardware' must name the hardware profile id"),
-        (data.get("kind") not in KINDS, f"'kind' must be one of {KINDS}")) if bad]
+        (data.get("kind") not in KINDS, f"'kind' must be one of {KINDS}"),
+        (data.get("launch_statistic", "median") not in LAUNCH_STATISTICS,
+         f"'launch_statistic' must be one of {LAUNCH_STATISTICS}")) if bad]
     if problems:
         raise BaselineError(f"{file}: " + "; ".join(problems))
     samples = _read_json(path / SAMPLES_FILE) if (path / SAMPLES_FILE).exists() else {}
     return BaselineSet(path, data["hardware"], data["kind"], tuple(data.get("aliases", ())),
                        _read_table(path / METRICS_FILE, METRIC_COLUMNS, samples),
                        _read_table(path / RATIOS_FILE, RATIO_COLUMNS, samples),
-                       _read_table(path / FINDINGS_FILE, RATIO_COLUMNS, samples), samples)
+                       _read_table(path / FINDINGS_FILE, RATIO_COLUMNS, samples), samples,
+                       data.get("launch_statistic", "median"))
 
 
 def load_all(root: Path | str | None = None) -> list[BaselineSet]:
@@ -231,6 +238,7 @@ class Expectation:
     unit: str = ""
     samples: tuple[float, ...] = ()  # pooled over launches
     launches: tuple[tuple[float, ...], ...] = ()  # per launch, when recorded repeated
+    launch_statistic: str = "median"  # the baseline profile's: each launch's median or floor
     reference: str = ""
     source: str = ""
     baseline: str = ""
@@ -271,8 +279,8 @@ def _from_rows(rows: pd.DataFrame, bset: BaselineSet, metric: str, reference: st
         metric, value, max(lows) if lows else None, min(highs) if highs else None, tol,
         first.get("better") or ("higher" if metric in HIGHER_IS_BETTER else "lower"),
         first.get("unit", ""), *_samples_of(bset.samples.get(first.get("samples_key") or "")),
-        reference, "; ".join(dict.fromkeys(r["source"] for r in records)), bset.path.name,
-        tuple(r["id"] for r in records))
+        bset.launch_statistic, reference, "; ".join(dict.fromkeys(r["source"] for r in records)),
+        bset.path.name, tuple(r["id"] for r in records))
 
 
 def _candidates(bset: BaselineSet, params: Mapping[str, Any], metric: str,
@@ -413,13 +421,17 @@ class RecordPlan:
 
 def record_run(results: Mapping[str, Any] | list, profile_id: str | None = None, *,
                root: Path | str | None = None, force: bool = False, write: bool = True,
-               date: str | None = None) -> RecordPlan:
+               date: str | None = None, launch_statistic: str | None = None) -> RecordPlan:
     """Make or update the baseline folder of ``profile_id`` from a run's results.
 
     Re-measured rows are replaced (a tolerance tuned by hand is kept), others
     stay. Unless ``force``, refuses results measured on another profile, a
     folder of another profile and a paper's folder. ``write=False``: a dry run.
+    ``launch_statistic`` sets the profile's (kept otherwise; "median" for a
+    new folder).
     """
+    if launch_statistic not in (None, *LAUNCH_STATISTICS):
+        raise BaselineError(f"launch statistic {launch_statistic!r}: use one of {LAUNCH_STATISTICS}")
     measured_on = run_profile(results)
     profile_id = profile_id or measured_on
     if not profile_id:
@@ -451,6 +463,8 @@ def record_run(results: Mapping[str, Any] | list, profile_id: str | None = None,
         atomic_write_text(folder / SAMPLES_FILE, "{\n" + body + "\n}\n")  # a line per row: diffable
         atomic_write_text(folder / METRICS_FILE, merged.to_csv(index=False, lineterminator="\n"))
         meta = _read_json(folder / PROFILE_FILE) if old else {"aliases": []}
+        if launch_statistic:
+            meta["launch_statistic"] = launch_statistic
         atomic_write_text(folder / PROFILE_FILE, json.dumps(
             {**meta, "format": FORMAT, "hardware": profile_id, "kind": "recorded"}, indent=2))
     return plan

@@ -134,7 +134,8 @@ class StepTimeNotRegressed:
         launches = data.get("launches") or []
         if exp.samples and (len(launches) > 1 or exp.launches):
             cmp = stats.compare_launches(launches or [observed], exp.launches or [exp.samples],
-                                         exp.tolerance, self.confidence)
+                                         exp.tolerance, self.confidence,
+                                         statistic=exp.launch_statistic)
             expected = stats.summary(exp.samples)["median"]
         elif exp.samples:
             cmp = stats.compare(observed, exp.samples, exp.tolerance, self.confidence)
@@ -387,10 +388,13 @@ def _env_profile(results: Mapping[str, Any]) -> str | None:
 def compare_runs(results_a: Mapping[str, Any], results_b: Mapping[str, Any], *,
                  tolerance: float = stats.DEFAULT_TOLERANCE,
                  confidence: float = stats.DEFAULT_CONFIDENCE,
-                 allow_other_hardware: bool = False) -> list[dict[str, Any]]:
+                 allow_other_hardware: bool = False,
+                 launch_statistic: str = "median") -> list[dict[str, Any]]:
     """Run B judged against run A (the reference), cell by cell.
 
-    Step time by samples, peak memory by value, accuracy against A's less 2%.
+    Step time by samples (by each launch's ``launch_statistic`` where both
+    runs have repeated launches), peak memory by value, accuracy against A's
+    less 2%.
     Absolute metrics of runs on different hardware profiles are skipped with
     the reason unless ``allow_other_hardware``.
     """
@@ -413,6 +417,7 @@ def compare_runs(results_a: Mapping[str, Any], results_b: Mapping[str, Any], *,
             base_launches = tuple(map(tuple, _metric(a, "step_time").get("launches") or []))
             exp = (Expectation("step_time", None, tolerance=tolerance, samples=tuple(base_samples),
                                launches=base_launches if len(base_launches) > 1 else (),
+                               launch_statistic=launch_statistic,
                                source=f"run A cell {cell_id}") if base_samples else
                    Expectation("step_time", reason="run A has no step-time samples"))
             if a.get("status") != "ok":

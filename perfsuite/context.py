@@ -36,6 +36,13 @@ class RankContext:
                    local_rank=local_rank, device=device, out_dir=out_dir,
                    data_dir=data_dir, options=dict(options or {}))
 
+    @property
+    def cache_dir(self) -> Path:
+        """Files made once and reused by later launches (option ``cache_dir``,
+        else ``$PERFSUITE_CACHE_DIR``, else ``.perfsuite/cache``)."""
+        chosen = self.options.get("cache_dir") or os.environ.get("PERFSUITE_CACHE_DIR")
+        return Path(chosen).expanduser() if chosen else Path.cwd() / ".perfsuite" / "cache"
+
     def backend(self) -> str:
         return "nccl" if self.device.startswith("cuda") else "gloo"
 

@@ -2,16 +2,20 @@
 
 Every trial launches a CPU smoke cell in four groups: a reference, the same
 code unchanged, and with an injected slowdown of every training step (the
-``slow`` fault) of 10 % and 5 %. Each group gets ``launches`` launches, and
-the groups take turns launch by launch (the order rotating every round), so
-a machine that drifts over minutes drifts under all four alike. The
-reference is recorded as a baseline (in a scratch baselines root) with the
-suite's own ``record_run``; each group is then judged against it by the
-suite's own checks, exactly as a cell launched with ``--perf-repeats`` is
-judged against a baseline recorded that way. The figures: how often
-unchanged code is called "regressed" (false alarms) and how often a 10 % and
-a 5 % slowdown are. A trial's launches are fixed in advance, so there is no
-re-measure on "unknown": it counts as not caught.
+``slow`` fault) of 10 % and 5 %. The reference is launched
+``reference_launches`` times and recorded as a baseline (in a scratch
+baselines root, with the suite's own ``record_run``), as a user records a
+baseline once with many launches; each other group is launched
+``launches`` times and judged against it by the suite's own checks, exactly
+as a cell run with ``--perf-repeats`` is. A group whose verdict is
+"unknown" is launched ``launches`` times more and judged again, up to the
+runner's re-measure rounds, as the runner does. Launches take turns (the
+reference spread evenly among the groups, the order rotating every round),
+so a machine that drifts over minutes drifts under all groups alike.
+
+The figures: how often unchanged code is called "regressed" (false alarms)
+and how often a 10 % and a 5 % slowdown are; an "unknown" left after the
+last round counts as not caught.
 """
 
 from __future__ import annotations
@@ -27,23 +31,36 @@ import numpy as np
 
 from perfsuite import cells
 from perfsuite.baselines import load_all, record_run
-from perfsuite.judge import judge
+from perfsuite.fsutil import atomic_write_json
+from perfsuite.judge import judge, needs_more_steps
 from perfsuite.launch import LaunchOptions, run_cell
 from perfsuite.results import SCHEMA, merge_repeats
+from perfsuite.runner import REMEASURE_ROUNDS
+from perfsuite.stats import launch_values
 
 DEFAULT_CELL = "smoke/image/ddp-ds/c1/fp32/px32/nopin/nchw"
 CONDITIONS = {"unchanged": 0.0, "slow 10%": 0.10, "slow 5%": 0.05}
 GROUPS = ("reference", *CONDITIONS)
 
 
-def launch_order(round_: int) -> list[str]:
-    """The groups' order in one round, rotated so none always follows another."""
-    k = round_ % len(GROUPS)
-    return [*GROUPS[k:], *GROUPS[:k]]
+def launch_order(round_: int, groups: tuple[str, ...] = GROUPS,
+                 reference_share: int = 1) -> list[str]:
+    """One round's launches: every group once (the reference ``reference_share``
+    times, spread among the others), rotated so none always follows another."""
+    slots = [*groups]
+    if "reference" in slots and reference_share > 1:
+        others = [g for g in slots if g != "reference"]
+        sizes = [len(others) // reference_share + (i < len(others) % reference_share)
+                 for i in range(reference_share)]
+        starts = np.cumsum([0, *sizes])
+        slots = [g for i in range(reference_share)
+                 for g in ("reference", *others[starts[i]:starts[i + 1]])]
+    k = round_ % len(slots)
+    return [*slots[k:], *slots[:k]]
 
 
-def _step_check(result: dict[str, Any]) -> dict[str, Any]:
-    for check in result.get("checks", []):
+def _step_check(checks: list[dict[str, Any]], result: dict[str, Any]) -> dict[str, Any]:
+    for check in checks:
         if check["name"] == "step_time":
             return check
     return {"verdict": f"no step_time check ({result['status']}: {result.get('reason')})"}
@@ -53,73 +70,116 @@ def _label(group: str) -> str:
     return group.replace(" ", "").replace("%", "")
 
 
+class _Launcher:
+    """Launches of one trial, kept per group, each in its own directory."""
+
+    def __init__(self, cell: cells.Cell, trial_dir: Path) -> None:
+        self.cell, self.trial_dir = cell, trial_dir
+        self.launched: dict[str, list[dict[str, Any]]] = {g: [] for g in GROUPS}
+
+    def launch(self, group: str) -> None:
+        slowdown = CONDITIONS.get(group, 0.0)
+        options = {"fault": f"slow:*:0:{slowdown}"} if slowdown else {}
+        index = len(self.launched[group])
+        result = run_cell(self.cell, self.trial_dir / _label(group) / f"launch{index}",
+                          LaunchOptions(options=options))
+        if result["status"] != "ok":
+            raise RuntimeError(f"{group} launch {index + 1} of {self.cell.id} ended "
+                               f"{result['status']}: {result.get('reason')}; see "
+                               f"{self.trial_dir / _label(group)}")
+        self.launched[group].append(result)
+
+    def rounds(self, groups: tuple[str, ...], count: int, reference_share: int = 1,
+               reference_total: int = 0) -> None:
+        for round_ in range(count):
+            for group in launch_order(round_, groups, reference_share):
+                if group != "reference" or len(self.launched[group]) < reference_total:
+                    self.launch(group)
+
+
 def run_trial(cell: cells.Cell, trial_dir: Path, launches: int,
-              environment: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One trial: interleaved launches, the reference recorded, the rest judged."""
-    launched: dict[str, list[dict[str, Any]]] = {g: [] for g in GROUPS}
-    for round_ in range(launches):
-        for group in launch_order(round_):
-            slowdown = CONDITIONS.get(group, 0.0)
-            options = {"fault": f"slow:*:0:{slowdown}"} if slowdown else {}
-            result = run_cell(cell, trial_dir / _label(group) / f"launch{round_}",
-                              LaunchOptions(options=options))
-            if result["status"] != "ok":
-                raise RuntimeError(f"{group} launch {round_ + 1} of {cell.id} ended "
-                                   f"{result['status']}: {result.get('reason')}; see "
-                                   f"{trial_dir / _label(group)}")
-            launched[group].append(result)
-    merged = {group: merge_repeats(results) for group, results in launched.items()}
+              environment: dict[str, Any] | None = None, *,
+              reference_launches: int | None = None, statistic: str = "floor",
+              remeasure_rounds: int = REMEASURE_ROUNDS) -> dict[str, Any]:
+    """One trial: interleaved launches, the reference recorded, the rest judged
+    (and launched again while their verdict is unknown)."""
+    reference_launches = reference_launches or launches
+    share = max(1, math.ceil(reference_launches / launches))
+    launcher = _Launcher(cell, trial_dir)
+    launcher.rounds(GROUPS, launches, share, reference_launches)
+    reference = merge_repeats(launcher.launched["reference"])
     root = trial_dir / "baselines"
-    reference = merged["reference"]
     record_run({"schema": SCHEMA, "env": environment or reference.get("env", {}),
-                "cells": [reference]}, root=root)
+                "cells": [reference]}, root=root, launch_statistic=statistic)
     sets = load_all(root)
-    checks = {group: _step_check({**merged[group], "checks": judge(
-        cell, merged[group], None, sets, {"trusted": True})}) for group in CONDITIONS}
-    medians = {group: merged[group]["metrics"]["step_time"].get(
-        "launch_medians") or [merged[group]["metrics"]["step_time"]["median"]]
-        for group in GROUPS}
-    return {"checks": checks, "launch_medians": medians}
+    checks: dict[str, dict[str, Any]] = {}
+    pending = tuple(CONDITIONS)
+    for round_ in range(remeasure_rounds + 1):
+        if round_:
+            launcher.rounds(pending, launches)
+        for group in pending:
+            merged = merge_repeats(launcher.launched[group])
+            judged = judge(cell, merged, None, sets, {"trusted": True})
+            checks[group] = {**_step_check(judged, merged), "remeasured": round_}
+        pending = tuple(g for g in pending if needs_more_steps([checks[g]]))
+        if not pending:
+            break
+    values = {group: launch_values([r["metrics"]["step_time"]["samples"] for r in results],
+                                   statistic)
+              for group, results in launcher.launched.items()}
+    return {"checks": checks, "launch_values": values, "statistic": statistic,
+            "launches": {group: len(results) for group, results in launcher.launched.items()}}
 
 
-def launch_spread(medians: dict[str, list[float]]) -> float:
-    """Standard deviation of log launch medians within groups, pooled (the
+def launch_spread(values: dict[str, list[float]]) -> float:
+    """Standard deviation of log launch values within groups, pooled (the
     slowdown factors removed by centring each group on its own mean)."""
-    centred = [x for ms in medians.values() if len(ms) > 1
-               for x in np.log(ms) - np.mean(np.log(ms))]
-    groups = sum(len(ms) > 1 for ms in medians.values())
+    centred = [x for vs in values.values() if len(vs) > 1
+               for x in np.log(vs) - np.mean(np.log(vs))]
+    groups = sum(len(vs) > 1 for vs in values.values())
     dof = len(centred) - groups
     return float(math.sqrt(sum(x * x for x in centred) / dof)) if dof > 0 else float("nan")
 
 
-def measure_detection(trials: int = 20, cell_id: str = DEFAULT_CELL, steps: int = 30,
-                      launches: int = 4, work_dir: Path | None = None,
-                      log=print) -> dict[str, Any]:
+def measure_detection(trials: int = 20, cell_id: str = DEFAULT_CELL, steps: int = 40,
+                      launches: int = 4, reference_launches: int = 12,
+                      statistic: str = "floor", work_dir: Path | None = None,
+                      log=lambda line: print(line, flush=True)) -> dict[str, Any]:
     cell = cells.get(cell_id).replace(max_steps=steps)
     work = Path(work_dir or tempfile.mkdtemp(prefix="perfsuite-detection-"))
     verdicts: dict[str, Counter] = {name: Counter() for name in CONDITIONS}
-    reference_medians, spreads = [], []
+    reference_values, spreads, launch_counts = [], [], Counter()
     started = time.time()
+
+    def summary(done: int) -> dict[str, Any]:
+        return {
+            "cell": cell.id, "steps": steps, "launches": launches,
+            "reference_launches": reference_launches, "statistic": statistic,
+            "trials": done, "trials_planned": trials,
+            "reference_launch_value_median_ms": [round(m * 1e3, 2) for m in reference_values],
+            "launch_spread_log_sd": [round(s, 4) for s in spreads],
+            "launches_per_trial": {g: round(n / max(done, 1), 2) for g, n in launch_counts.items()},
+            "verdicts": {name: dict(count) for name, count in verdicts.items()},
+            "false_alarms": verdicts["unchanged"]["regressed"],
+            "caught_10": verdicts["slow 10%"]["regressed"],
+            "caught_5": verdicts["slow 5%"]["regressed"],
+            "seconds": time.time() - started, "work_dir": str(work),
+        }
+
     for trial in range(trials):
-        out = run_trial(cell, work / f"trial{trial}", launches)
-        ref = out["launch_medians"]["reference"]
-        reference_medians.append(float(np.median(ref)))
-        spreads.append(launch_spread(out["launch_medians"]))
+        out = run_trial(cell, work / f"trial{trial}", launches,
+                        reference_launches=reference_launches, statistic=statistic)
+        ref = out["launch_values"]["reference"]
+        reference_values.append(float(np.median(ref)))
+        spreads.append(launch_spread(out["launch_values"]))
+        launch_counts.update(out["launches"])
         for name, check in out["checks"].items():
             verdicts[name][check["verdict"]] += 1
             ratio = check.get("ratio")
             interval = (f"ratio {ratio:.3f}, CI {check['ci_low']:.3f}-{check['ci_high']:.3f}"
                         if isinstance(ratio, float) else check.get("message", ""))
-            log(f"trial {trial + 1}/{trials} (reference launch medians "
-                f"{', '.join(f'{m * 1e3:.1f}' for m in ref)} ms) {name:<9} -> "
-                f"{check['verdict']} ({interval})")
-    return {
-        "cell": cell.id, "steps": steps, "launches": launches, "trials": trials,
-        "reference_medians_ms": [round(m * 1e3, 2) for m in reference_medians],
-        "launch_spread_log_sd": [round(s, 4) for s in spreads],
-        "verdicts": {name: dict(count) for name, count in verdicts.items()},
-        "false_alarms": verdicts["unchanged"]["regressed"],
-        "caught_10": verdicts["slow 10%"]["regressed"],
-        "caught_5": verdicts["slow 5%"]["regressed"],
-        "seconds": time.time() - started, "work_dir": str(work),
-    }
+            log(f"trial {trial + 1}/{trials} (reference launch {statistic}s median "
+                f"{np.median(ref) * 1e3:.1f} ms) {name:<9} -> {check['verdict']} ({interval}; "
+                f"{out['launches'][name]} launches vs {out['launches']['reference']})")
+        atomic_write_json(work / "detection.json", summary(trial + 1))  # kept if stopped later
+    return summary(trials)

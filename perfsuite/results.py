@@ -131,7 +131,8 @@ def merge_repeats(results: list[dict[str, Any]]) -> dict[str, Any]:
             merged["metrics"][name] = {
                 "value": summary(pooled)["median"], "unit": "s", "samples": pooled,
                 **summary(pooled), "launches": launches,
-                "launch_medians": [summary(launch)["median"] for launch in launches]}
+                "launch_medians": [summary(launch)["median"] for launch in launches],
+                "launch_floors": [summary(launch)["min"] for launch in launches]}
             continue
         values = [m["value"] for m in have if isinstance(m.get("value"), (int, float))]
         value = (max(values) if name in _MAX else float(np.median(values))) if values else None

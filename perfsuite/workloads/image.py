@@ -159,7 +159,7 @@ def run(cell: Cell, ctx: RankContext) -> dict[str, Any]:
     device = torch.device(ctx.device)
     if cell.strategy != "dp":
         ctx.init_process_group(timeout_s=cell.timeout_s)
-    train_x, train_y, test_x, test_y = image_data.load(cell.dataset, ctx.data_dir)
+    train_x, train_y, test_x, test_y = image_data.load(cell.dataset, ctx.data_dir, ctx.cache_dir)
     train_set = image_data.ResizedImages(train_x, train_y, cell.image_size, cell.precision)
     test_set = image_data.ResizedImages(test_x, test_y, cell.image_size, cell.precision)
 

@@ -52,11 +52,6 @@ from perfsuite.workloads import (
 )
 
 
-def cache_dir(options: dict[str, str]) -> Path:
-    chosen = options.get("cache_dir") or os.environ.get("PERFSUITE_CACHE_DIR")
-    return Path(chosen).expanduser() if chosen else Path.cwd() / ".perfsuite" / "cache"
-
-
 def run_recipe(recipe_module: Any, config_path: Path) -> None:
     """``tune run <recipe> --config <config_path>``, inside this process."""
     argv = sys.argv
@@ -120,7 +115,7 @@ def run(cell: Any, ctx: Any) -> dict[str, Any]:
     if cell.device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(f"cell {cell.id} needs CUDA, and torch sees no GPU")
     plan = llm_config.build_plan(cell, ctx.rank, ctx.world_size, Path(ctx.out_dir),
-                                 dict(ctx.options), cache_dir(ctx.options),
+                                 dict(ctx.options), ctx.cache_dir,
                                  seed=getattr(ctx, "seed", 0))
     llm_config.write_config(plan)
     if cell.device == "cuda":

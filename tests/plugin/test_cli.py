@@ -70,3 +70,41 @@ def test_profile_reads_nsys_csv_exports(capsys):
     assert main(["profile", str(fixtures)]) == 0
     assert "CUDA memcpy Host-to-Device" in capsys.readouterr().out
     assert main(["profile", "/nonexistent/report.nsys-rep"]) == 2
+
+
+def write_launches(path, factor, seed, busy_share):
+    """A run of 6 launches whose steps a neighbour slows 1.5x, each launch for
+    its own share of them: the medians follow the neighbour, the floors do not."""
+    rng = random.Random(seed)
+    launches = [[factor * 0.1 * rng.gauss(1, 0.005) * (1.5 if rng.random() < busy else 1.0)
+                 for _ in range(30)] for busy in busy_share]
+    run = write_run(path, factor, seed)
+    data = json.loads((run / "results.json").read_text())
+    step = data["cells"][0]["metrics"]["step_time"]
+    step["samples"] = [x for launch in launches for x in launch]
+    step["launches"] = launches
+    (run / "results.json").write_text(json.dumps(data))
+    return run
+
+
+def test_compare_by_launch_floors(tmp_path, capsys):
+    a = write_launches(tmp_path / "a", 1.0, 1, [0.7, 0.6, 0.8, 0.7, 0.6, 0.8])
+    b = write_launches(tmp_path / "b", 1.1, 2, [0.1, 0.2, 0.0, 0.1, 0.2, 0.1])
+    # a neighbour busy through the reference run hides the slowdown from the medians...
+    assert main(["compare", str(a), str(b)]) == 0
+    # ...not from the floors
+    assert main(["compare", str(a), str(b), "--launch-statistic", "floor"]) == 1
+    out = capsys.readouterr().out
+    assert "IMPROVED" in out.splitlines()[0] and "launch floors" in out
+
+
+def test_baseline_record_sets_the_launch_statistic(tmp_path):
+    from perfsuite import cli, stats
+
+    run = write_run(tmp_path / "run", 1.0)
+    root = tmp_path / "baselines"
+    assert main(["baseline", "record", str(run), "--root", str(root),
+                 "--launch-statistic", "floor"]) == 0
+    profile = json.loads((root / "cpu-test-2c" / "profile.json").read_text())
+    assert profile["launch_statistic"] == "floor"
+    assert cli.LAUNCH_STATISTICS == tuple(stats.LAUNCH_STATISTICS)

@@ -88,36 +88,45 @@ def test_a_wider_confidence_gives_a_wider_rank_interval(num, den):
 
 
 @settings(deadline=None, max_examples=100)
-@given(st.floats(0.01, 100), st.floats(0.01, 100), tolerances, st.booleans())
-def test_classify_is_consistent(a, b, tol, higher):
+@given(st.floats(0.01, 100), st.floats(0.01, 100), st.floats(0, 1), tolerances, st.booleans())
+def test_classify_is_consistent(a, b, where, tol, higher):
     low, high = min(a, b), max(a, b)
-    verdict = stats.classify(low, high, tol, higher_is_better=higher)
+    estimate = low + where * (high - low)
+    verdict = stats.classify(low, high, tol, estimate=estimate, higher_is_better=higher)
     if verdict == "same":
         assert 1 - tol - 1e-9 <= low and high <= 1 + tol + 1e-9
-    worse = "improved" if higher else "regressed"
-    if verdict == worse:
+    slower, faster = ("improved", "regressed") if higher else ("regressed", "improved")
+    if verdict == slower:  # a real change (1 outside the interval), large enough
+        assert low > 1 and estimate > 1 + tol - 1e-9
+    if verdict == faster:
+        assert high < 1 and estimate < 1 - tol + 1e-9
+    # without an estimate, the interval's end nearer to 1 must clear the tolerance
+    if stats.classify(low, high, tol, higher_is_better=higher) == slower:
         assert low > 1 + tol - 1e-9
     assert verdict in stats.VERDICTS
 
 
+statistics = st.sampled_from(sorted(stats.LAUNCH_STATISTICS))
 launch_sets = st.lists(st.lists(seconds, min_size=3, max_size=12), min_size=1, max_size=7)
 
 
 @settings(**FAST)
-@given(launch_sets, launch_sets, tolerances, st.randoms(use_true_random=False))
-def test_launch_verdict_ignores_the_order_of_launches_and_of_their_steps(new, base, tol, rnd):
-    first = stats.compare_launches(new, base, tol)
+@given(launch_sets, launch_sets, tolerances, st.randoms(use_true_random=False), statistics)
+def test_launch_verdict_ignores_the_order_of_launches_and_of_their_steps(new, base, tol, rnd,
+                                                                         statistic):
+    first = stats.compare_launches(new, base, tol, statistic=statistic)
     shuffled = [[rnd.sample(launch, len(launch)) for launch in side] for side in (new, base)]
     for side in shuffled:
         rnd.shuffle(side)
-    assert stats.compare_launches(*shuffled, tol) == first
+    assert stats.compare_launches(*shuffled, tol, statistic=statistic) == first
 
 
 @settings(**FAST)
-@given(launch_sets, launch_sets, tolerances, factors)
-def test_launch_verdict_survives_scaling_both_sides(new, base, tol, factor):
+@given(launch_sets, launch_sets, tolerances, factors, statistics)
+def test_launch_verdict_survives_scaling_both_sides(new, base, tol, factor, statistic):
     scaled = [[[x * factor for x in launch] for launch in side] for side in (new, base)]
-    one, other = stats.compare_launches(new, base, tol), stats.compare_launches(*scaled, tol)
+    one, other = (stats.compare_launches(new, base, tol, statistic=statistic),
+                  stats.compare_launches(*scaled, tol, statistic=statistic))
     assert other.verdict == one.verdict
     assert math.isclose(other.ratio, one.ratio, rel_tol=1e-9)
 
@@ -125,5 +134,6 @@ def test_launch_verdict_survives_scaling_both_sides(new, base, tol, factor):
 @settings(**FAST)
 @given(st.lists(st.lists(seconds, min_size=3, max_size=12), min_size=4, max_size=7), tolerances)
 def test_identical_launches_are_never_called_regressed(launches, tol):
-    cmp = stats.compare_launches(launches, launches, tol)
-    assert cmp.verdict in ("same", "unknown") and cmp.ci_low <= cmp.ratio <= cmp.ci_high
+    for statistic in ("median", "floor"):
+        cmp = stats.compare_launches(launches, launches, tol, statistic=statistic)
+        assert cmp.verdict in ("same", "unknown") and cmp.ci_low <= cmp.ratio <= cmp.ci_high

@@ -254,6 +254,15 @@ def test_missing_or_wrong_profile_json(tmp_path):
         bl.load_profile(tmp_path / "p2")
 
 
+def test_an_unknown_launch_statistic_is_named(tmp_path):
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "profile.json").write_text(
+        '{"format": "perfsuite.baselines/1", "hardware": "h", "kind": "recorded", '
+        '"launch_statistic": "mean"}')
+    with pytest.raises(bl.BaselineError, match="'launch_statistic' must be one of"):
+        bl.load_profile(tmp_path / "p")
+
+
 def test_unreadable_csv(tmp_path):
     def edit(folder):
         (folder / "metrics.csv").write_text('id,metric\n"unterminated,x\n')
@@ -353,3 +362,17 @@ def test_recorded_ratios_are_derived_from_two_cells(tmp_path):
     exp = bl.find_expectation(params, "speedup", CPU, reference="world_size=1", root=tmp_path)
     assert exp.value == pytest.approx((32 / 0.125) / (16 / 0.10))  # 1.6
     assert exp.better == "higher" and len(exp.row_ids) == 2
+
+
+def test_the_launch_statistic_is_set_once_and_kept_by_later_recordings(tmp_path):
+    results = run(cell_result("smoke/a", [0.1] * 5))
+    first = bl.record_run(results, root=tmp_path)
+    assert bl.load_profile(first.folder).launch_statistic == "median"  # a new folder's default
+    bl.record_run(results, root=tmp_path, launch_statistic="floor")
+    bl.record_run(results, root=tmp_path)  # not given: kept
+    loaded = bl.load_profile(first.folder)
+    assert loaded.launch_statistic == "floor"
+    exp = bl.find_expectation(results["cells"][0]["params"], "step_time", CPU, root=tmp_path)
+    assert exp.launch_statistic == "floor"
+    with pytest.raises(bl.BaselineError, match="launch statistic 'p5'"):
+        bl.record_run(results, root=tmp_path, launch_statistic="p5")

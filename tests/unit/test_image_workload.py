@@ -41,6 +41,24 @@ def test_digits_split_and_resize():
     assert 0 <= int(label) <= 9
 
 
+def test_the_digits_split_is_cached_whole_and_rebuilt_when_damaged(tmp_path, monkeypatch):
+    import sys
+
+    import torch
+
+    fresh = image_data.load("digits", None, tmp_path)
+    (cached,) = (tmp_path / "image").glob("digits-split-*.pt")
+    assert not list((tmp_path / "image").glob(".*tmp"))
+    # a later launch reads the file and leaves scikit-learn unimported
+    monkeypatch.setitem(sys.modules, "sklearn.datasets", None)
+    again = image_data.load("digits", None, tmp_path)
+    assert all(torch.equal(a, b) for a, b in zip(fresh, again))
+    monkeypatch.delitem(sys.modules, "sklearn.datasets")
+    cached.write_bytes(b"half a file")
+    rebuilt = image_data.load("digits", None, tmp_path)
+    assert all(torch.equal(a, b) for a, b in zip(fresh, rebuilt))
+
+
 def test_mnist_needs_a_directory(tmp_path):
     with pytest.raises(image_data.DataMissing, match="--perf-data-dir"):
         image_data.load("mnist", None)

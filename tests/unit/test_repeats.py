@@ -117,15 +117,52 @@ def test_detection_trial_interleaves_groups_and_judges_against_the_recorded_refe
     faults = {d.parent.name: opts.get("fault") for _, d, opts in fake.calls}
     assert faults == {"reference": None, "unchanged": None, "slow10": "slow:*:0:0.1",
                       "slow5": "slow:*:0:0.05"}
-    # every group launched 4 times, and each round starts with another group
-    assert len(fake.calls) == 16
+    # every group launched 4 times first, and each round starts with another group
     firsts = [fake.calls[4 * r][1].parent.name for r in range(4)]
     assert firsts == ["reference", "unchanged", "slow10", "slow5"]
+    assert sorted(d.parent.name for _, d, _ in fake.calls[:16]) == sorted(
+        [g for g in ("reference", "unchanged", "slow10", "slow5") for _ in range(4)])
     assert (tmp_path / "baselines").is_dir()
     verdicts = {name: check["verdict"] for name, check in out["checks"].items()}
-    # launches scatter 1 %: a 10 % slowdown clears the 5 % tolerance, none is a false alarm
+    # launches scatter 1 %: a 10 % slowdown is called, unchanged code is the same
     assert verdicts["unchanged"] == "same" and verdicts["slow 10%"] == "regressed"
-    assert all(len(ms) == 4 for ms in out["launch_medians"].values())
+    assert out["checks"]["slow 10%"]["remeasured"] == 0
+    assert "launch floors" in out["checks"]["slow 10%"]["message"]
+    # only an undecided group was launched again, 4 at a time, the reference never
+    again = [d.parent.name for _, d, _ in fake.calls[16:]]
+    assert "reference" not in again and len(again) % 4 == 0
+    for name, check in out["checks"].items():
+        assert out["launches"][name] == 4 * (check["remeasured"] + 1)
+        assert (check["remeasured"] > 0) == (detection._label(name) in again)
+    assert all(len(vs) == out["launches"][g] for g, vs in out["launch_values"].items())
+
+
+def test_detection_records_a_longer_reference_spread_among_the_groups(tmp_path, fake):
+    cell = tiny_image_cell(world_size=1)
+    out = detection.run_trial(cell, tmp_path, launches=4, reference_launches=12,
+                              environment=CPU_ENV, remeasure_rounds=0)
+    order = [d.parent.name for _, d, _ in fake.calls]
+    assert len(order) == 24 and out["launches"]["reference"] == 12
+    # a reference launch before each judged one, so the reference spans the trial
+    assert order[:6] == ["reference", "unchanged", "reference", "slow10", "reference", "slow5"]
+    assert order[-6:].count("reference") == 3
+    saved = json.loads((tmp_path / "baselines" / "cpu-amd-epyc-9334-2c" / "samples.json")
+                       .read_text())
+    assert [len(v) for v in saved.values()] == [12]
+    profile = json.loads((tmp_path / "baselines" / "cpu-amd-epyc-9334-2c" / "profile.json")
+                         .read_text())
+    assert profile["launch_statistic"] == "floor"
+
+
+def test_detection_summary_is_written_after_every_trial(tmp_path, fake):
+    lines = []
+    out = detection.measure_detection(trials=2, cell_id="smoke/image/ddp-ds/c1/fp32/px32/nopin/nchw",
+                                      steps=10, launches=4, reference_launches=4,
+                                      work_dir=tmp_path, log=lines.append)
+    saved = json.loads((tmp_path / "detection.json").read_text())
+    assert saved["trials"] == 2 == out["trials"] and saved["caught_10"] == out["caught_10"]
+    assert sum(saved["verdicts"]["unchanged"].values()) == 2
+    assert len(lines) == 6 and all("launches vs 4" in line for line in lines)
 
 
 def test_launch_order_rotates_through_every_group():

@@ -212,6 +212,18 @@ def test_classify_at_the_tolerance_bound_is_same_not_regressed():
         stats.classify(1.0, 1.0, -0.1)
 
 
+def test_a_real_change_beyond_the_tolerance_is_called_without_the_whole_interval_beyond_it():
+    # the interval excludes 1 and the estimate is past the tolerance: regressed
+    assert stats.classify(1.02, 1.09, 0.05, estimate=1.055) == "regressed"
+    assert stats.classify(0.91, 0.98, 0.05, estimate=0.94) == "improved"
+    assert stats.classify(0.91, 0.98, 0.05, estimate=0.94, higher_is_better=True) == "regressed"
+    # no real change shown (the interval holds 1), or too small to matter: measure more
+    assert stats.classify(0.99, 1.12, 0.05, estimate=1.06) == "unknown"
+    assert stats.classify(1.01, 1.07, 0.05, estimate=1.04) == "unknown"
+    assert stats.classify(1.01, 1.04, 0.05, estimate=1.02) == "same"
+    assert stats.classify(1.02, 1.09, 0.05, estimate=1.055, significant=False) == "unknown"
+
+
 def test_comparison_to_dict_has_the_contract_keys():
     d = stats.compare(lognormal(21, 10), lognormal(22, 10)).to_dict()
     assert {"verdict", "ratio", "ci_low", "ci_high", "confidence", "p_value"} <= set(d)
@@ -248,6 +260,27 @@ def test_a_large_shift_between_launches_is_called():
     cmp = stats.compare_launches(launches(3, 6, scale=1.6, launch_sigma=0.02),
                                  launches(4, 6, launch_sigma=0.02))
     assert cmp.verdict == "regressed" and cmp.ci_low > 1.05 and cmp.p_value < 0.05
+
+
+def test_launch_floors_see_through_neighbours_that_only_add_time():
+    """Launches whose steps are sometimes slowed 1.5x by a neighbour (one-sided
+    noise): the medians scatter with the neighbour, the floors do not."""
+    rng = np.random.default_rng(11)
+
+    def launch(level):
+        busy = rng.random(30) < rng.uniform(0.2, 0.8)  # each launch its own share of busy steps
+        return list(level * rng.lognormal(0, 0.01, 30) * np.where(busy, 1.5, 1.0))
+
+    base = [launch(0.10) for _ in range(8)]
+    slow = [launch(0.11) for _ in range(8)]
+    by_median = stats.compare_launches(slow, base)
+    by_floor = stats.compare_launches(slow, base, statistic="floor")
+    assert by_floor.verdict == "regressed" and by_floor.ratio == pytest.approx(1.1, rel=0.02)
+    assert (by_floor.ci_high - by_floor.ci_low) < (by_median.ci_high - by_median.ci_low) / 3
+    assert "launch floors" in by_floor.method and "launch medians" in by_median.method
+    assert stats.launch_values([[3.0, 1.0, 2.0]], "floor") == [1.0]
+    with pytest.raises(ValueError, match="launch statistic 'mean'"):
+        stats.compare_launches(slow, base, statistic="mean")
 
 
 def test_too_few_launches_fall_back_to_pooled_steps_and_say_so():
