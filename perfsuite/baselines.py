@@ -355,7 +355,7 @@ def run_profile(results: Mapping[str, Any] | list) -> str | None:
 def fingerprint(env: Mapping[str, Any]) -> str:
     """Short hash of the hardware and software facts of an env."""
     keys = ("gpu_name", "gpu_count", "gpu_memory_bytes", "interconnect", "cpu_model",
-            "cpu_cores", *ENV_VERSION_KEYS)
+            "cpu_isa", "cpu_cores", *ENV_VERSION_KEYS)
     text = json.dumps({k: env.get(k) for k in keys}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
@@ -374,6 +374,8 @@ def rows_from_run(results: Mapping[str, Any] | list,
                  "versions": "; ".join(f"{k}={env[k]}" for k in ENV_VERSION_KEYS
                                        if env.get(k) is not None), "cell": cell["id"]}
         for metric, tol in RECORDED_TOLERANCE.items():
+            if metric == "accuracy" and not cell.get("params", {}).get("min_accuracy"):
+                continue  # trained too briefly for a target: chance level, nothing to keep
             data = cell.get("metrics", {}).get(metric) or {}
             if not isinstance(data.get("value"), (int, float)) or not math.isfinite(data["value"]):
                 continue
@@ -413,7 +415,9 @@ class RecordPlan:
     written: bool = False
 
     def describe(self) -> str:
-        lines = [f"{r.change:8} {r.id}: {r.old} -> {r.new} (x{r.ratio:.3f})"
+        shown = {"added": "{r.id}: {r.new}", "removed": "{r.id}: {r.old}",
+                 "changed": "{r.id}: {r.old} -> {r.new} (x{r.ratio:.3f})"}
+        lines = [f"{r.change:8} " + shown[r.change].format(r=r)
                  for r in self.diff.itertuples() if r.change != "same"]
         same = int((self.diff["change"] == "same").sum())
         return "\n".join([f"{self.folder}:"] + lines + [f"{same} row(s) unchanged"])

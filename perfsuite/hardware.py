@@ -36,6 +36,26 @@ def cpu_model() -> str | None:
     return platform.processor() or None
 
 
+def cpu_isa() -> str | None:
+    """The vector instructions torch's CPU kernels dispatch to ("avx2",
+    "avx512", ...), "+bf16" where the CPU has bf16 dot products. Cloud VMs
+    often name their CPU just "AMD EPYC": on such a VM the same cells ran
+    5x apart in bf16 between an AVX2 host and an AVX-512 one."""
+    try:
+        import torch
+
+        isa = torch.backends.cpu.get_cpu_capability().lower()
+    except (ImportError, AttributeError, RuntimeError):
+        return None
+    try:
+        flags = next((line.split(":", 1)[1].split() for line in
+                      Path("/proc/cpuinfo").read_text().splitlines()
+                      if line.startswith("flags")), [])
+    except OSError:
+        flags = []
+    return isa + ("+bf16" if {"avx512_bf16", "amx_bf16"} & set(flags) else "")
+
+
 def _nvml_facts() -> dict[str, Any]:
     """Driver, per-GPU memory and NVLink state through NVML, when present."""
     try:
@@ -86,6 +106,7 @@ def fingerprint() -> dict[str, Any]:
         "platform": platform.platform(),
         "python": platform.python_version(),
         "cpu_model": cpu_model(),
+        "cpu_isa": cpu_isa(),
         "cpu_cores": os.cpu_count(),
         "torch": torch.__version__,
         "torchvision": _version("torchvision"),
@@ -124,12 +145,13 @@ def _slug(text: str) -> str:
 def profile_id(env: dict[str, Any]) -> str:
     """Name of the hardware profile whose absolute numbers are comparable.
 
-    GPU machines: model, memory, count and interconnect. CPU machines: model
-    and core count. Software versions are deliberately not part of it: a new
+    GPU machines: model, memory, count and interconnect. CPU machines: model,
+    the instruction set torch's kernels use, and core count. Software versions are deliberately not part of it: a new
     torch on the same machine is exactly what a baseline should judge.
     """
     if env.get("gpu_count"):
         memory_gb = round((env.get("gpu_memory_bytes") or 0) / 2**30)
         link = env.get("interconnect") or "unknown-link"
         return f"{_slug(env.get('gpu_name') or 'gpu')}-{memory_gb}gb-x{env['gpu_count']}-{link}"
-    return f"cpu-{_slug(env.get('cpu_model') or 'unknown')}-{env.get('cpu_cores')}c"
+    isa = f"-{_slug(env['cpu_isa'])}" if env.get("cpu_isa") else ""
+    return f"cpu-{_slug(env.get('cpu_model') or 'unknown')}{isa}-{env.get('cpu_cores')}c"

@@ -302,6 +302,7 @@ def test_record_writes_a_loadable_folder_with_samples(tmp_path):
     assert not list(plan.folder.glob(".*tmp"))
     exp = bl.find_expectation(results["cells"][0]["params"], "step_time", CPU, root=tmp_path)
     assert exp.samples == (0.1, 0.11, 0.1, 0.12, 0.1) and exp.baseline == CPU
+    assert "added    smoke/a:step_time: 0.1\n" in plan.describe() and "nan" not in plan.describe()
 
 
 def test_re_recording_replaces_rows_keeps_tuned_tolerance_and_shows_the_diff(tmp_path):
@@ -376,3 +377,22 @@ def test_the_launch_statistic_is_set_once_and_kept_by_later_recordings(tmp_path)
     assert exp.launch_statistic == "floor"
     with pytest.raises(bl.BaselineError, match="launch statistic 'p5'"):
         bl.record_run(results, root=tmp_path, launch_statistic="p5")
+
+
+def test_cpu_profiles_tell_instruction_sets_apart():
+    # a VM that names its CPU only "AMD EPYC" runs on AVX2 and AVX-512 hosts alike
+    avx2 = profile_id({**CPU_ENV, "cpu_model": "AMD EPYC", "cpu_isa": "avx2"})
+    avx512 = profile_id({**CPU_ENV, "cpu_model": "AMD EPYC", "cpu_isa": "avx512+bf16"})
+    assert (avx2, avx512) == ("cpu-amd-epyc-avx2-2c", "cpu-amd-epyc-avx512-bf16-2c")
+    assert bl.hardware_model(avx2) == "cpu-amd-epyc-avx2" != bl.hardware_model(avx512)
+    assert profile_id(CPU_ENV) == "cpu-amd-epyc-9334-32-core-2c"  # results without the field
+
+
+def test_accuracy_is_recorded_only_for_cells_with_an_accuracy_target(tmp_path):
+    brief = cell_result("smoke/brief", [0.1] * 5, accuracy={"value": 0.1, "unit": "fraction"})
+    brief["params"]["min_accuracy"] = 0.0
+    trained = cell_result("smoke/trained", [0.1] * 5, world_size=2,
+                          accuracy={"value": 0.93, "unit": "fraction"})
+    trained["params"]["min_accuracy"] = 0.9
+    rows, _ = bl.rows_from_run(run(brief, trained))
+    assert set(rows.loc[rows["metric"] == "accuracy", "cell"]) == {"smoke/trained"}
