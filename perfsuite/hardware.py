@@ -146,8 +146,9 @@ def profile_id(env: dict[str, Any]) -> str:
     """Name of the hardware profile whose absolute numbers are comparable.
 
     GPU machines: model, memory, count and interconnect. CPU machines: model,
-    the instruction set torch's kernels use, and core count. Software versions are deliberately not part of it: a new
-    torch on the same machine is exactly what a baseline should judge.
+    the instruction set torch's kernels use, and core count. Software
+    versions are deliberately not part of it: a new torch on the same
+    machine is exactly what a baseline should judge.
     """
     if env.get("gpu_count"):
         memory_gb = round((env.get("gpu_memory_bytes") or 0) / 2**30)
