@@ -396,3 +396,15 @@ def test_accuracy_is_recorded_only_for_cells_with_an_accuracy_target(tmp_path):
     trained["params"]["min_accuracy"] = 0.9
     rows, _ = bl.rows_from_run(run(brief, trained))
     assert set(rows.loc[rows["metric"] == "accuracy", "cell"]) == {"smoke/trained"}
+
+
+def test_the_fingerprint_names_the_instruction_set_torch_dispatches_to():
+    import torch
+
+    from perfsuite.hardware import cpu_isa, fingerprint
+
+    isa = cpu_isa()
+    assert isa.split("+")[0] == torch.backends.cpu.get_cpu_capability().lower()
+    env = fingerprint()
+    slug = isa.replace("+", "-").replace("_", "-")
+    assert env["cpu_isa"] == isa and profile_id(env).endswith(f"-{slug}-{env['cpu_cores']}c")
