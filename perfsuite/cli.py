@@ -123,10 +123,16 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 def _cmd_detection(args: argparse.Namespace) -> int:
     from perfsuite.detection import measure_detection
 
-    out = measure_detection(trials=args.trials, cell_id=args.cell, steps=args.steps,
-                            launches=args.launches, reference_launches=args.reference_launches,
-                            statistic=args.launch_statistic, work_dir=args.work_dir)
-    print(json.dumps(out, indent=1))
+    try:
+        out = measure_detection(trials=args.trials, cell_id=args.cell, steps=args.steps,
+                                launches=args.launches,
+                                reference_launches=args.reference_launches,
+                                statistic=args.launch_statistic, work_dir=args.work_dir,
+                                resume=args.resume)
+    except ValueError as err:
+        print(f"perfsuite detection: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps({k: v for k, v in out.items() if k != "per_trial"}, indent=1))
     n = out["trials"]
     print(f"false alarms on unchanged code: {out['false_alarms']}/{n} (goal <= 1/20)")
     print(f"10% slowdown called regressed:  {out['caught_10']}/{n} (goal >= 19/20)")
@@ -237,7 +243,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="launches of the recorded reference (a baseline is recorded once)")
     p.add_argument("--launch-statistic", choices=LAUNCH_STATISTICS, default="floor",
                    help=LAUNCH_STATISTIC_HELP)
-    p.add_argument("--work-dir", type=Path)
+    p.add_argument("--work-dir", type=Path,
+                   help="where the launches and detection.json go (default: a new temp dir)")
+    p.add_argument("--resume", action="store_true",
+                   help="go on from the trials a stopped run left in --work-dir")
     p.set_defaults(func=_cmd_detection)
 
     p = sub.add_parser("overhead", help="the suite's own overhead on a training step")

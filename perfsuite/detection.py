@@ -20,7 +20,9 @@ last round counts as not caught.
 
 from __future__ import annotations
 
+import json
 import math
+import shutil
 import tempfile
 import time
 from collections import Counter
@@ -141,45 +143,96 @@ def launch_spread(values: dict[str, list[float]]) -> float:
     return float(math.sqrt(sum(x * x for x in centred) / dof)) if dof > 0 else float("nan")
 
 
+SETTINGS = ("cell", "steps", "launches", "reference_launches", "statistic")
+
+
+def _trial_record(trial: int, out: dict[str, Any], seconds: float) -> dict[str, Any]:
+    """What one trial leaves in detection.json: enough to rebuild the summary."""
+    keep = ("verdict", "ratio", "ci_low", "ci_high", "remeasured", "message")
+    return {"trial": trial, "seconds": round(seconds, 1),
+            "reference_launch_value_median_ms":
+                round(float(np.median(out["launch_values"]["reference"])) * 1e3, 2),
+            "launch_spread_log_sd": round(launch_spread(out["launch_values"]), 4),
+            "launches": out["launches"],
+            "checks": {name: {k: check[k] for k in keep if k in check}
+                       for name, check in out["checks"].items()}}
+
+
+def summarize(settings: dict[str, Any], records: list[dict[str, Any]],
+              planned: int) -> dict[str, Any]:
+    """The figures over the trials done so far."""
+    done = len(records)
+    verdicts = {name: Counter(r["checks"][name]["verdict"] for r in records)
+                for name in CONDITIONS}
+    launch_counts = Counter()
+    for record in records:
+        launch_counts.update(record["launches"])
+    return {
+        **settings, "trials": done, "trials_planned": planned,
+        "reference_launch_value_median_ms": [r["reference_launch_value_median_ms"]
+                                             for r in records],
+        "launch_spread_log_sd": [r["launch_spread_log_sd"] for r in records],
+        "launches_per_trial": {g: round(n / max(done, 1), 2) for g, n in launch_counts.items()},
+        "verdicts": {name: dict(count) for name, count in verdicts.items()},
+        "false_alarms": verdicts["unchanged"]["regressed"],
+        "caught_10": verdicts["slow 10%"]["regressed"],
+        "caught_5": verdicts["slow 5%"]["regressed"],
+        "seconds": round(sum(r["seconds"] for r in records), 1),
+        "per_trial": records,
+    }
+
+
+def _earlier_trials(path: Path, settings: dict[str, Any], resume: bool) -> list[dict[str, Any]]:
+    """The trials a stopped benchmark left in ``path``, if it is to go on."""
+    if not path.exists():
+        return []
+    try:
+        saved = json.loads(path.read_text())
+        records = saved["per_trial"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{path} is not a detection summary this version can continue "
+                         f"({err}); choose another --work-dir") from err
+    if not resume:
+        raise ValueError(f"{path} already holds {len(records)} trial(s); pass --resume to "
+                         f"go on with them or choose another --work-dir")
+    differ = {k: (saved.get(k), v) for k, v in settings.items() if saved.get(k) != v}
+    if differ:
+        raise ValueError(f"{path} was measured with other settings "
+                         f"({', '.join(f'{k}: {a} there, {b} now' for k, (a, b) in differ.items())}); "
+                         f"resume with the same settings or choose another --work-dir")
+    return records
+
+
 def measure_detection(trials: int = 20, cell_id: str = DEFAULT_CELL, steps: int = 40,
                       launches: int = 4, reference_launches: int = 12,
                       statistic: str = "floor", work_dir: Path | None = None,
+                      resume: bool = False,
                       log=lambda line: print(line, flush=True)) -> dict[str, Any]:
+    """Run trials until ``trials`` are done (counting those a stopped run left
+    in ``work_dir`` when ``resume``); detection.json is rewritten after each."""
     cell = cells.get(cell_id).replace(max_steps=steps)
     work = Path(work_dir or tempfile.mkdtemp(prefix="perfsuite-detection-"))
-    verdicts: dict[str, Counter] = {name: Counter() for name in CONDITIONS}
-    reference_values, spreads, launch_counts = [], [], Counter()
-    started = time.time()
-
-    def summary(done: int) -> dict[str, Any]:
-        return {
-            "cell": cell.id, "steps": steps, "launches": launches,
-            "reference_launches": reference_launches, "statistic": statistic,
-            "trials": done, "trials_planned": trials,
-            "reference_launch_value_median_ms": [round(m * 1e3, 2) for m in reference_values],
-            "launch_spread_log_sd": [round(s, 4) for s in spreads],
-            "launches_per_trial": {g: round(n / max(done, 1), 2) for g, n in launch_counts.items()},
-            "verdicts": {name: dict(count) for name, count in verdicts.items()},
-            "false_alarms": verdicts["unchanged"]["regressed"],
-            "caught_10": verdicts["slow 10%"]["regressed"],
-            "caught_5": verdicts["slow 5%"]["regressed"],
-            "seconds": time.time() - started, "work_dir": str(work),
-        }
-
-    for trial in range(trials):
+    settings = {"cell": cell.id, "steps": steps, "launches": launches,
+                "reference_launches": reference_launches, "statistic": statistic}
+    summary_path = work / "detection.json"
+    records = _earlier_trials(summary_path, settings, resume)
+    if records:
+        log(f"going on from {len(records)} trial(s) in {summary_path}")
+    for trial in range(len(records), trials):
+        shutil.rmtree(work / f"trial{trial}", ignore_errors=True)  # a stopped trial's launches
+        started = time.time()
         out = run_trial(cell, work / f"trial{trial}", launches,
                         reference_launches=reference_launches, statistic=statistic)
+        records.append(_trial_record(trial, out, time.time() - started))
         ref = out["launch_values"]["reference"]
-        reference_values.append(float(np.median(ref)))
-        spreads.append(launch_spread(out["launch_values"]))
-        launch_counts.update(out["launches"])
         for name, check in out["checks"].items():
-            verdicts[name][check["verdict"]] += 1
             ratio = check.get("ratio")
             interval = (f"ratio {ratio:.3f}, CI {check['ci_low']:.3f}-{check['ci_high']:.3f}"
                         if isinstance(ratio, float) else check.get("message", ""))
             log(f"trial {trial + 1}/{trials} (reference launch {statistic}s median "
                 f"{np.median(ref) * 1e3:.1f} ms) {name:<9} -> {check['verdict']} ({interval}; "
                 f"{out['launches'][name]} launches vs {out['launches']['reference']})")
-        atomic_write_json(work / "detection.json", summary(trial + 1))  # kept if stopped later
-    return summary(trials)
+        # kept if stopped later: --resume goes on from here
+        atomic_write_json(summary_path, {**summarize(settings, records, trials),
+                                         "work_dir": str(work)})
+    return {**summarize(settings, records, trials), "work_dir": str(work)}

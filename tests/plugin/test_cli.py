@@ -108,3 +108,11 @@ def test_baseline_record_sets_the_launch_statistic(tmp_path):
     profile = json.loads((root / "cpu-test-2c" / "profile.json").read_text())
     assert profile["launch_statistic"] == "floor"
     assert cli.LAUNCH_STATISTICS == tuple(stats.LAUNCH_STATISTICS)
+
+
+def test_detection_will_not_mix_new_trials_into_an_earlier_run(tmp_path, capsys):
+    (tmp_path / "detection.json").write_text(json.dumps({"per_trial": [{"trial": 0}]}))
+    assert main(["detection", "--work-dir", str(tmp_path)]) == 2
+    assert "already holds 1 trial(s); pass --resume" in capsys.readouterr().err
+    assert main(["detection", "--work-dir", str(tmp_path), "--resume", "--steps", "30"]) == 2
+    assert "steps: None there, 30 now" in capsys.readouterr().err

@@ -165,6 +165,37 @@ def test_detection_summary_is_written_after_every_trial(tmp_path, fake):
     assert len(lines) == 6 and all("launches vs 4" in line for line in lines)
 
 
+SMOKE_CELL = "smoke/image/ddp-ds/c1/fp32/px32/nopin/nchw"
+
+
+def test_a_stopped_detection_run_goes_on_where_it_stopped(tmp_path, fake):
+    settings = dict(cell_id=SMOKE_CELL, steps=10, launches=4, reference_launches=4,
+                    work_dir=tmp_path, log=lambda line: None)
+    first = detection.measure_detection(trials=1, **settings)
+    launched = len(fake.calls)
+    with pytest.raises(ValueError, match="already holds 1 trial.*--resume"):
+        detection.measure_detection(trials=2, **settings)
+    assert len(fake.calls) == launched  # refused before launching anything
+    both = detection.measure_detection(trials=2, resume=True, **settings)
+    assert both["trials"] == 2 and [r["trial"] for r in both["per_trial"]] == [0, 1]
+    assert both["per_trial"][0] == first["per_trial"][0]  # the first trial kept as it was
+    assert len({call[1].parents[1] for call in fake.calls}) == 2  # trial0, trial1
+    assert sum(both["verdicts"]["slow 10%"].values()) == 2
+    assert both["seconds"] == pytest.approx(sum(r["seconds"] for r in both["per_trial"]))
+
+
+def test_resuming_with_other_settings_is_refused(tmp_path, fake):
+    detection.measure_detection(trials=1, cell_id=SMOKE_CELL, steps=10, launches=4,
+                                reference_launches=4, work_dir=tmp_path, log=lambda line: None)
+    with pytest.raises(ValueError, match="steps: 10 there, 20 now"):
+        detection.measure_detection(trials=2, cell_id=SMOKE_CELL, steps=20, launches=4,
+                                    reference_launches=4, work_dir=tmp_path, resume=True)
+    (tmp_path / "detection.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not a detection summary"):
+        detection.measure_detection(trials=2, cell_id=SMOKE_CELL, steps=10, launches=4,
+                                    reference_launches=4, work_dir=tmp_path, resume=True)
+
+
 def test_launch_order_rotates_through_every_group():
     orders = [detection.launch_order(r) for r in range(4)]
     assert [o[0] for o in orders] == list(detection.GROUPS)
@@ -174,3 +205,12 @@ def test_launch_order_rotates_through_every_group():
 def test_launch_spread_removes_each_groups_level():
     spread = detection.launch_spread({"a": [1.0, 1.0], "b": [2.0, 2.0 * math.e ** 0.2]})
     assert spread == pytest.approx(math.sqrt(2 * 0.1 ** 2 / 2))
+
+
+def test_a_trial_stopped_halfway_is_measured_again_from_its_start(tmp_path, fake):
+    stale = tmp_path / "trial0" / "reference" / "launch7"
+    stale.mkdir(parents=True)
+    out = detection.measure_detection(trials=1, cell_id=SMOKE_CELL, steps=10, launches=4,
+                                      reference_launches=4, work_dir=tmp_path,
+                                      log=lambda line: None)
+    assert out["per_trial"][0]["launches"]["reference"] == 4 and not stale.exists()
