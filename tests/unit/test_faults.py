@@ -60,9 +60,16 @@ def test_killed_rank_is_named_with_its_signal(tmp_path):
     assert survivors(str(tmp_path)) == []
 
 
+def _default_sigint():
+    # A job started with `&` by a non-interactive shell inherits SIGINT ignored;
+    # the run under test must see Ctrl-C however pytest itself was started.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _perfsuite(*args, **kw):
     return subprocess.Popen([sys.executable, "-m", "perfsuite.cli", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=_default_sigint, **kw)
 
 
 def test_sigterm_takes_the_ctrl_c_path():
