@@ -128,11 +128,12 @@ def merge_repeats(results: list[dict[str, Any]]) -> dict[str, Any]:
         if name == "step_time":
             launches = [list(m.get("samples", [])) for m in have]
             pooled = [x for launch in launches for x in launch]
+            pooled_summary, per_launch = summary(pooled), [summary(launch) for launch in launches]
             merged["metrics"][name] = {
-                "value": summary(pooled)["median"], "unit": "s", "samples": pooled,
-                **summary(pooled), "launches": launches,
-                "launch_medians": [summary(launch)["median"] for launch in launches],
-                "launch_floors": [summary(launch)["min"] for launch in launches]}
+                "value": pooled_summary["median"], "unit": "s", "samples": pooled,
+                **pooled_summary, "launches": launches,
+                "launch_medians": [s["median"] for s in per_launch],
+                "launch_floors": [s["min"] for s in per_launch]}
             continue
         values = [m["value"] for m in have if isinstance(m.get("value"), (int, float))]
         value = (max(values) if name in _MAX else float(np.median(values))) if values else None

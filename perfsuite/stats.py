@@ -345,7 +345,6 @@ def compare_launches(launches_new: Sequence[Sequence[float]],
     new = [as_samples(run, "new launch samples") for run in launches_new]
     base = [as_samples(run, "baseline launch samples") for run in launches_base]
     new, base = [r for r in new if r.size], [r for r in base if r.size]
-    values_new, values_base = launch_values(new, statistic), launch_values(base, statistic)
     if min(len(new), len(base)) < MIN_LAUNCHES:
         pooled = compare(np.concatenate(new or [np.empty(0)]),
                          np.concatenate(base or [np.empty(0)]), tolerance, confidence,
@@ -354,6 +353,7 @@ def compare_launches(launches_new: Sequence[Sequence[float]],
                 f"{MIN_LAUNCHES} a side weigh the spread between launches)")
         return Comparison(**{**pooled.to_dict(), "reason": "; ".join(
             filter(None, [pooled.reason, note]))})
+    values_new, values_base = launch_values(new, statistic), launch_values(base, statistic)
     interval = shift_ratio_interval(values_new, values_base, confidence=confidence)
     p_value = mann_whitney_p(values_new, values_base)
     verdict = classify(interval.low, interval.high, tolerance, estimate=interval.estimate,

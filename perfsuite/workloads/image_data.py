@@ -10,14 +10,15 @@ resized MNIST for MobileNetV2.
 from __future__ import annotations
 
 import gzip
-import os
+import io
 import struct
-import tempfile
 from pathlib import Path
 
 import torch
 from torch.utils.data import Dataset
 from torchvision.transforms.v2 import functional as TF
+
+from perfsuite.fsutil import atomic_write_bytes
 
 MNIST_FILES = {
     "train_images": "train-images-idx3-ubyte",
@@ -92,22 +93,11 @@ def load_digits(test_fraction: float = 0.2, seed: int = 0, cache_dir: Path | Non
     train_idx, test_idx = train_test_split(range(len(labels)), test_size=test_fraction,
                                            random_state=seed, stratify=bunch.target)
     split = (images[train_idx], labels[train_idx], images[test_idx], labels[test_idx])
-    if cached is not None:
-        _save_whole(split, cached)
+    if cached is not None:  # written whole: ranks filling the cache at once never read half
+        buffer = io.BytesIO()
+        torch.save(split, buffer)
+        atomic_write_bytes(cached, buffer.getvalue())
     return split
-
-
-def _save_whole(obj, path: Path) -> None:
-    """torch.save to a temporary file beside ``path``, then rename: ranks that
-    fill the cache at once never read half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
 
 
 def load(dataset: str, data_dir: Path | None, cache_dir: Path | None = None):
