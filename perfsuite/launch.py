@@ -43,7 +43,8 @@ class LaunchOptions:
     on_progress: Callable[[Cell, str], None] | None = None  # called every PROGRESS_EVERY_S
     gpus: list[int] | None = None  # this session's GPUs (CUDA_VISIBLE_DEVICES)
     nodes: multinode.Nodes = field(default_factory=lambda: multinode.Nodes())
-    python: str = sys.executable
+    python: str = sys.executable  # the interpreter whose torch, torchrun and perfsuite run the cell
+    env: dict[str, str] = field(default_factory=dict)  # extra variables for this launch only
 
 
 def gpus_present() -> int:
@@ -209,7 +210,7 @@ def run_cell(cell: Cell, out_dir: Path, opts: LaunchOptions | None = None) -> di
     argv = plan.wrap(torchrun_argv(cell, directory, opts, profiler, plan))
     timeout = opts.timeout_s or cell.timeout_s
     token = plan.run_token
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PERFSUITE_PROFILER": profiler,
+    env = {**os.environ, **opts.env, "PYTHONUNBUFFERED": "1", "PERFSUITE_PROFILER": profiler,
            "PERFSUITE_PROFILE_DIR": str(directory / "profile"), "PERFSUITE_RUN_TOKEN": token}
     if opts.gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, opts.gpus))
