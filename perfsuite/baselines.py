@@ -10,8 +10,6 @@ is not available and says why, never a pass.
 
 from __future__ import annotations
 
-import datetime as _dt
-import hashlib
 import json
 import math
 import os
@@ -24,7 +22,6 @@ from typing import Any
 import pandas as pd
 
 from perfsuite import stats
-from perfsuite.fsutil import atomic_write_text
 
 FORMAT = "perfsuite.baselines/1"
 PROFILE_FILE, METRICS_FILE, RATIOS_FILE, FINDINGS_FILE, SAMPLES_FILE = (
@@ -49,10 +46,6 @@ REQUIRED = {METRICS_FILE: ("id", "metric", "value", "unit", "better", "tolerance
 PORTABLE_METRICS = frozenset({"accuracy"})  # all but these and ratios are absolute
 RATIO_METRICS = frozenset({"speedup", "step_time_ratio"})
 HIGHER_IS_BETTER = frozenset({"throughput", "accuracy", "speedup"})
-# The metrics record_run keeps, each with the tolerance a new row gets.
-RECORDED_TOLERANCE = {"step_time": 0.05, "throughput": 0.05, "epoch_time": 0.05,
-                      "total_time": 0.10, "accuracy": 0.02, "peak_mem_allocated": 0.05,
-                      "peak_mem_reserved": 0.05, "peak_rss": 0.10, "h2d_bytes": 0.01}
 # What a launch contributes to a launch-level verdict; a profile's noise decides (profile.json).
 LAUNCH_STATISTICS = tuple(stats.LAUNCH_STATISTICS)
 ENV_VERSION_KEYS = ("torch", "torchvision", "torchtune", "torchao", "cuda", "cudnn", "nccl",
@@ -112,6 +105,8 @@ class BaselineSet:  # one folder: its profile.json facts and its tables
     findings: pd.DataFrame
     samples: dict[str, list[float]] = field(default_factory=dict)
     launch_statistic: str = "median"  # what a launch contributes to a launch-level verdict
+    # between-launch spread of launch values seen when recording, per statistic
+    launch_spread: dict[str, stats.LaunchSpread] = field(default_factory=dict)
 
     def matches(self, profile_id: str | None) -> bool:
         return profile_id in (self.hardware, *self.aliases)
@@ -121,7 +116,7 @@ class BaselineSet:  # one folder: its profile.json facts and its tables
             hardware_model(i) for i in (self.hardware, *self.aliases)}
 
 
-def _read_json(file: Path) -> Any:
+def read_json(file: Path) -> Any:
     try:  # a missing file here is a missing profile.json: samples.json is optional
         return json.loads(file.read_text())
     except FileNotFoundError:
@@ -131,14 +126,14 @@ def _read_json(file: Path) -> Any:
         raise BaselineError(f"{file}: not valid JSON ({err}); fix the file") from None
 
 
-def _number(text: str) -> float | None:
+def parse_number(text: str) -> float | None:
     return float(text) if str(text).strip() else None  # blank: not given
 
 
 def _row_problems(row: Mapping[str, str], ratio_file: bool, samples: Mapping) -> list[str]:
     problems = [f"'{c}' is empty; every row needs it"
                 for c in ("id", "metric", "source", "tolerance") if not row[c]]
-    for col, check in [(c, _number) for c in ("value", "low", "high", "tolerance")] + [
+    for col, check in [(c, parse_number) for c in ("value", "low", "high", "tolerance")] + [
             ("reference", parse_reference)] * ratio_file:
         try:
             check(row.get(col, ""))
@@ -182,9 +177,26 @@ def _read_table(file: Path, allowed: Iterable[str], samples: Mapping) -> pd.Data
     return df
 
 
+def _launch_spread(data: Any) -> dict[str, stats.LaunchSpread]:
+    """profile.json's ``launch_spread``: {statistic: {"log_sd": s, "dof": n}}."""
+    out = {}
+    for statistic, entry in (data or {}).items():
+        try:
+            spread = stats.LaunchSpread(float(entry["log_sd"]), int(entry["dof"]))
+        except (KeyError, TypeError, ValueError):
+            spread = None
+        if (statistic not in LAUNCH_STATISTICS or spread is None or spread.dof < 1
+                or not math.isfinite(spread.log_sd) or spread.log_sd < 0):
+            raise BaselineError(f"'launch_spread' entry {statistic!r}: write "
+                                f"{{\"log_sd\": <s.d. of log launch values>, \"dof\": <n>}} "
+                                f"under a statistic among {LAUNCH_STATISTICS}")
+        out[statistic] = spread
+    return out
+
+
 def load_profile(path: Path | str) -> BaselineSet:
     """One folder, validated."""
-    data = _read_json(file := (path := Path(path)) / PROFILE_FILE)
+    data = read_json(file := (path := Path(path)) / PROFILE_FILE)
     problems = [msg for bad, msg in (
         (data.get("format") != FORMAT, f"'format' must be {FORMAT!r}"),
         (not data.get("hardware") or not isinstance(data["hardware"], str),
@@ -192,14 +204,18 @@ def load_profile(path: Path | str) -> BaselineSet:
         (data.get("kind") not in KINDS, f"'kind' must be one of {KINDS}"),
         (data.get("launch_statistic", "median") not in LAUNCH_STATISTICS,
          f"'launch_statistic' must be one of {LAUNCH_STATISTICS}")) if bad]
+    try:
+        spread = _launch_spread(data.get("launch_spread"))
+    except BaselineError as err:
+        problems.append(str(err))
     if problems:
         raise BaselineError(f"{file}: " + "; ".join(problems))
-    samples = _read_json(path / SAMPLES_FILE) if (path / SAMPLES_FILE).exists() else {}
+    samples = read_json(path / SAMPLES_FILE) if (path / SAMPLES_FILE).exists() else {}
     return BaselineSet(path, data["hardware"], data["kind"], tuple(data.get("aliases", ())),
                        _read_table(path / METRICS_FILE, METRIC_COLUMNS, samples),
                        _read_table(path / RATIOS_FILE, RATIO_COLUMNS, samples),
                        _read_table(path / FINDINGS_FILE, RATIO_COLUMNS, samples), samples,
-                       data.get("launch_statistic", "median"))
+                       data.get("launch_statistic", "median"), spread)
 
 
 def load_all(root: Path | str | None = None) -> list[BaselineSet]:
@@ -239,6 +255,7 @@ class Expectation:
     samples: tuple[float, ...] = ()  # pooled over launches
     launches: tuple[tuple[float, ...], ...] = ()  # per launch, when recorded repeated
     launch_statistic: str = "median"  # the baseline profile's: each launch's median or floor
+    launch_spread: stats.LaunchSpread | None = None  # recorded between-launch spread, if any
     reference: str = ""
     source: str = ""
     baseline: str = ""
@@ -279,7 +296,8 @@ def _from_rows(rows: pd.DataFrame, bset: BaselineSet, metric: str, reference: st
         metric, value, max(lows) if lows else None, min(highs) if highs else None, tol,
         first.get("better") or ("higher" if metric in HIGHER_IS_BETTER else "lower"),
         first.get("unit", ""), *_samples_of(bset.samples.get(first.get("samples_key") or "")),
-        bset.launch_statistic, reference, "; ".join(dict.fromkeys(r["source"] for r in records)),
+        bset.launch_statistic, bset.launch_spread.get(bset.launch_statistic), reference,
+        "; ".join(dict.fromkeys(r["source"] for r in records)),
         bset.path.name, tuple(r["id"] for r in records))
 
 
@@ -350,132 +368,3 @@ def run_profile(results: Mapping[str, Any] | list) -> str | None:
         raise BaselineError(f"the run mixes hardware profiles {sorted(ids)}; record each "
                             "profile's cells from its own run")
     return ids.pop() if ids else None
-
-
-def fingerprint(env: Mapping[str, Any]) -> str:
-    """Short hash of the hardware and software facts of an env."""
-    keys = ("gpu_name", "gpu_count", "gpu_memory_bytes", "interconnect", "cpu_model",
-            "cpu_isa", "cpu_cores", *ENV_VERSION_KEYS)
-    text = json.dumps({k: env.get(k) for k in keys}, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
-def rows_from_run(results: Mapping[str, Any] | list,
-                  date: str | None = None) -> tuple[pd.DataFrame, dict[str, list[float]]]:
-    """metrics.csv rows and samples.json entries for every ok cell of a run."""
-    date = date or _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    run_env = (results.get("env") or {}) if isinstance(results, Mapping) else {}
-    rows, samples = [], {}
-    for cell in (c for c in run_cells(results) if c.get("status") == "ok"):
-        env = cell.get("env") or run_env
-        fixed = {**{k: norm(v) for k, v in cell.get("params", {}).items() if k in KEY_COLUMNS},
-                 "source": f"recorded run {date}", "kind": "recorded", "recorded_at": date,
-                 "commit": env.get("commit") or "", "fingerprint": fingerprint(env),
-                 "versions": "; ".join(f"{k}={env[k]}" for k in ENV_VERSION_KEYS
-                                       if env.get(k) is not None), "cell": cell["id"]}
-        for metric, tol in RECORDED_TOLERANCE.items():
-            if metric == "accuracy" and not cell.get("params", {}).get("min_accuracy"):
-                continue  # trained too briefly for a target: chance level, nothing to keep
-            data = cell.get("metrics", {}).get(metric) or {}
-            if not isinstance(data.get("value"), (int, float)) or not math.isfinite(data["value"]):
-                continue
-            row_id = f"{cell['id']}:{metric}"
-            if len(data.get("launches") or []) > 1:  # repeated launches stay apart
-                samples[row_id] = [[float(x) for x in launch] for launch in data["launches"]]
-            elif data.get("samples"):
-                samples[row_id] = [float(x) for x in data["samples"]]
-            rows.append({"id": row_id, "metric": metric, "value": repr(float(data["value"])),
-                         "unit": data.get("unit", ""), "tolerance": str(tol),
-                         "better": "higher" if metric in HIGHER_IS_BETTER else "lower",
-                         "samples_key": row_id if row_id in samples else "", **fixed})
-    columns = [c for c in METRIC_COLUMNS if any(c in r for r in rows)] or list(METRIC_COLUMNS)
-    return pd.DataFrame(rows, columns=columns).fillna(""), samples
-
-
-def diff_tables(old: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
-    """Row by row (by id): old and new value, new/old and what changed."""
-    sides = [pd.DataFrame({"id": t.get("id", []), name: [_number(v) for v in t.get("value", [])]})
-             for t, name in ((old, "old"), (new, "new"))]
-    diff = sides[0].merge(sides[1], on="id", how="outer", indicator="change").sort_values("id")
-    diff["change"] = diff["change"].map({"left_only": "removed", "right_only": "added",
-                                         "both": "same"}).astype(str)
-    diff.loc[(diff["change"] == "same") & (diff["old"] != diff["new"]), "change"] = "changed"
-    diff["ratio"] = diff["new"] / diff["old"]
-    return diff[["id", "old", "new", "ratio", "change"]].reset_index(drop=True)
-
-
-@dataclass
-class RecordPlan:
-    """What record_run wrote (or would write): the folder's rows and their diff."""
-
-    folder: Path
-    metrics: pd.DataFrame
-    samples: dict[str, list[float]]
-    diff: pd.DataFrame
-    written: bool = False
-
-    def describe(self) -> str:
-        shown = {"added": "{r.id}: {r.new}", "removed": "{r.id}: {r.old}",
-                 "changed": "{r.id}: {r.old} -> {r.new} (x{r.ratio:.3f})"}
-        lines = [f"{r.change:8} " + shown[r.change].format(r=r)
-                 for r in self.diff.itertuples() if r.change != "same"]
-        same = int((self.diff["change"] == "same").sum())
-        return "\n".join([f"{self.folder}:"] + lines + [f"{same} row(s) unchanged"])
-
-
-def record_run(results: Mapping[str, Any] | list, profile_id: str | None = None, *,
-               root: Path | str | None = None, force: bool = False, write: bool = True,
-               date: str | None = None, launch_statistic: str | None = None) -> RecordPlan:
-    """Make or update the baseline folder of ``profile_id`` from a run's results.
-
-    Re-measured rows are replaced (a tolerance tuned by hand is kept), others
-    stay. Unless ``force``, refuses results measured on another profile, a
-    folder of another profile and a paper's folder. ``write=False``: a dry run.
-    ``launch_statistic`` sets the profile's (kept otherwise; "median" for a
-    new folder).
-    """
-    if launch_statistic not in (None, *LAUNCH_STATISTICS):
-        raise BaselineError(f"launch statistic {launch_statistic!r}: use one of {LAUNCH_STATISTICS}")
-    measured_on = run_profile(results)
-    profile_id = profile_id or measured_on
-    if not profile_id:
-        raise BaselineError("the results carry no env naming their hardware profile; "
-                            "give the profile id")
-    if measured_on and measured_on != profile_id and not force:
-        raise BaselineError(f"these results were measured on {measured_on}, not {profile_id}; "
-                            "record them under their own profile, or force it")
-    folder = (Path(root) if root is not None else default_root()) / profile_id
-    old = load_profile(folder) if (folder / PROFILE_FILE).exists() else None
-    if old and not force and (old.kind == "paper" or not old.matches(profile_id)):
-        raise BaselineError(f"{folder} holds {old.kind} baselines of "
-                            f"{old.hardware}; refusing to overwrite it with "
-                            f"{profile_id} results unless forced")
-    new_rows, samples = rows_from_run(results, date)
-    if new_rows.empty:
-        raise BaselineError("the run has no ok cell with a recordable metric; nothing to record")
-    old_rows = old.metrics if old else pd.DataFrame(columns=["id", "metric"])
-    tuned = dict(zip(old_rows["id"], old_rows.get("tolerance", [])))
-    new_rows["tolerance"] = [tuned.get(i) or t for i, t in new_rows[["id", "tolerance"]].values]
-    merged = pd.concat([old_rows[~old_rows["id"].isin(new_rows["id"])], new_rows],
-                       ignore_index=True).fillna("").sort_values("id").reset_index(drop=True)
-    merged = merged[[c for c in METRIC_COLUMNS if c in merged.columns]]
-    keys = set(merged.get("samples_key", []))
-    samples = {**{k: v for k, v in (old.samples if old else {}).items() if k in keys}, **samples}
-    plan = RecordPlan(folder, merged, samples, diff_tables(old_rows, merged), write)
-    if write:  # samples first, so metrics.csv never names samples that are not there
-        body = ",\n".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in sorted(samples.items()))
-        atomic_write_text(folder / SAMPLES_FILE, "{\n" + body + "\n}\n")  # a line per row: diffable
-        atomic_write_text(folder / METRICS_FILE, merged.to_csv(index=False, lineterminator="\n"))
-        meta = _read_json(folder / PROFILE_FILE) if old else {"aliases": []}
-        if launch_statistic:
-            meta["launch_statistic"] = launch_statistic
-        atomic_write_text(folder / PROFILE_FILE, json.dumps(
-            {**meta, "format": FORMAT, "hardware": profile_id, "kind": "recorded"}, indent=2))
-    return plan
-
-
-def compare_runs(results_a: Mapping[str, Any], results_b: Mapping[str, Any],
-                 **options: Any) -> list[dict]:
-    """Per-cell verdicts of run B against run A; see perfsuite.checks.compare_runs."""
-    from perfsuite import checks  # imported here: checks build on this module
-    return checks.compare_runs(results_a, results_b, **options)

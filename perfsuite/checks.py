@@ -131,17 +131,15 @@ class StepTimeNotRegressed:
         if not observed:
             return Verdict(self.name, "unknown", metric=self.metric, cell=cell,
                            message=f"cell {cell} reported no {self.metric} samples")
-        launches = data.get("launches") or []
-        if exp.samples and (len(launches) > 1 or exp.launches):
-            cmp = stats.compare_launches(launches or [observed], exp.launches or [exp.samples],
-                                         exp.tolerance, self.confidence,
-                                         statistic=exp.launch_statistic)
+        launches = data.get("launches") or [observed]
+        if exp.samples:
+            cmp = stats.compare_launches(launches, exp.launches or [exp.samples], exp.tolerance,
+                                         self.confidence, statistic=exp.launch_statistic,
+                                         spread=exp.launch_spread)
             expected = stats.summary(exp.samples)["median"]
-        elif exp.samples:
-            cmp = stats.compare(observed, exp.samples, exp.tolerance, self.confidence)
-            expected = stats.summary(exp.samples)["median"]
-        else:
-            cmp = stats.compare_to_value(observed, exp.value, exp.tolerance, self.confidence)
+        else:  # one number (a paper's table): one launch of the baseline, its typical step
+            cmp = stats.compare_launches(launches, [[exp.value]], exp.tolerance, self.confidence,
+                                         statistic="median", spread=exp.launch_spread)
             expected = exp.value
         return _from_comparison(self.name, self.metric, data.get("unit", "s"), cmp,
                                 stats.summary(observed)["median"], expected, exp, cell)

@@ -84,7 +84,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_baseline_record(args: argparse.Namespace) -> int:
-    from perfsuite.baselines import BaselineError, record_run
+    from perfsuite.baselines import BaselineError
+    from perfsuite.recording import record_run
 
     try:
         plan = record_run(_load_run(args.run), args.profile, root=args.root, force=args.force,

@@ -31,14 +31,14 @@ from typing import Any
 
 import numpy as np
 
-from perfsuite import cells
-from perfsuite.baselines import load_all, record_run
+from perfsuite import cells, stats
+from perfsuite.baselines import load_all
 from perfsuite.fsutil import atomic_write_json
 from perfsuite.judge import judge, needs_more_steps
 from perfsuite.launch import LaunchOptions, run_cell
+from perfsuite.recording import record_run
 from perfsuite.results import SCHEMA, merge_repeats
 from perfsuite.runner import REMEASURE_ROUNDS
-from perfsuite.stats import launch_values
 
 DEFAULT_CELL = "smoke/image/ddp-ds/c1/fp32/px32/nopin/nchw"
 CONDITIONS = {"unchanged": 0.0, "slow 10%": 0.10, "slow 5%": 0.05}
@@ -126,7 +126,7 @@ def run_trial(cell: cells.Cell, trial_dir: Path, launches: int,
         pending = tuple(g for g in pending if needs_more_steps([checks[g]]))
         if not pending:
             break
-    values = {group: launch_values([r["metrics"]["step_time"]["samples"] for r in results],
+    values = {group: stats.launch_values([r["metrics"]["step_time"]["samples"] for r in results],
                                    statistic)
               for group, results in launcher.launched.items()}
     return {"checks": checks, "launch_values": values, "statistic": statistic,
@@ -136,11 +136,7 @@ def run_trial(cell: cells.Cell, trial_dir: Path, launches: int,
 def launch_spread(values: dict[str, list[float]]) -> float:
     """Standard deviation of log launch values within groups, pooled (the
     slowdown factors removed by centring each group on its own mean)."""
-    centred = [x for vs in values.values() if len(vs) > 1
-               for x in np.log(vs) - np.mean(np.log(vs))]
-    groups = sum(len(vs) > 1 for vs in values.values())
-    dof = len(centred) - groups
-    return float(math.sqrt(sum(x * x for x in centred) / dof)) if dof > 0 else float("nan")
+    return stats.launch_spread(list(values.values())).log_sd
 
 
 SETTINGS = ("cell", "steps", "launches", "reference_launches", "statistic")

@@ -31,15 +31,11 @@ def handle_sigterm() -> Any:
     return signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
 
 
-# "Unknown" step-time verdicts: measure again, twice at most: with 2x, then
-# 4x the steps, or, for repeated launches, with as many launches again.
+# "Unknown" step-time verdicts of repeated launches: as many launches again,
+# twice at most. A single launch is not measured longer: more steps of one
+# launch say nothing about drift between launches, which is what a
+# single-launch verdict lacks.
 REMEASURE_ROUNDS = 2
-
-
-def with_more_steps(cell: Cell, factor: int) -> Cell:
-    if cell.max_steps > 0:
-        return cell.replace(max_steps=cell.max_steps * factor)
-    return cell.replace(epochs=cell.epochs * factor)
 
 
 class Runner:
@@ -122,24 +118,20 @@ class Runner:
         from perfsuite.results import merge_repeats
 
         assessment = self.preflight(cell.device).get("assessment", {})
-        measured, launches = cell, []
+        launches: list[dict[str, Any]] = []
         for round_ in range(REMEASURE_ROUNDS + 1):
             if self.repeats == 1:
-                result = run_cell(measured, self.out_dir, self.launch)
+                result = run_cell(cell, self.out_dir, self.launch)
             else:  # launch k > 1 keeps its own directory: launch<k>/cells/<cell id>
                 launches += [run_cell(cell, self.out_dir / f"launch{k}" if k else self.out_dir,
                                       self.launch)
                              for k in range(len(launches), len(launches) + self.repeats)]
                 result = merge_repeats(launches)
             result["checks"] = judge(cell, result, self._twin, self.baseline_sets, assessment)
-            if round_ == REMEASURE_ROUNDS or not needs_more_steps(result["checks"]):
+            if (round_ == REMEASURE_ROUNDS or self.repeats == 1
+                    or not needs_more_steps(result["checks"])):
                 break
-            if self.repeats == 1:
-                measured = with_more_steps(cell, 2 ** (round_ + 1))
         result["remeasured"] = round_
-        if measured is not cell:  # the same cell, measured longer: keyed by its own params
-            result["params"] = cell.params()
-            result["measured_with"] = {"max_steps": measured.max_steps, "epochs": measured.epochs}
         return result
 
     def result(self, cell: Cell) -> dict[str, Any]:

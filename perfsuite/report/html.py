@@ -114,7 +114,7 @@ def _header(results: Mapping[str, Any], cells: list[dict]) -> str:
 def _fingerprint(env: Mapping[str, Any]) -> str:
     """The baselines' short hash of hardware and software, to match runs by eye."""
     try:
-        from perfsuite.baselines import fingerprint
+        from perfsuite.recording import fingerprint
         return fingerprint(env)
     except Exception:  # noqa: BLE001 - the page is still worth having without it
         return "–"

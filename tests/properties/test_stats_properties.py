@@ -137,3 +137,42 @@ def test_identical_launches_are_never_called_regressed(launches, tol):
     for statistic in ("median", "floor"):
         cmp = stats.compare_launches(launches, launches, tol, statistic=statistic)
         assert cmp.verdict in ("same", "unknown") and cmp.ci_low <= cmp.ratio <= cmp.ci_high
+
+
+# ----------------------------------------- launches made at different times
+
+one_launch = st.lists(seconds, min_size=1, max_size=30).map(lambda steps: [steps])
+few_launches = st.lists(st.lists(seconds, min_size=1, max_size=12), min_size=1, max_size=3)
+spreads = st.builds(stats.LaunchSpread, st.sampled_from([0.0, 0.01, 0.05, 0.2]),
+                    st.integers(1, 60))
+
+
+@settings(**FAST)
+@given(one_launch, one_launch, tolerances, statistics)
+def test_one_launch_a_side_without_a_known_spread_is_always_unknown(new, base, tol, statistic):
+    cmp = stats.compare_launches(new, base, tol, statistic=statistic)
+    assert cmp.verdict == "unknown" and cmp.reason == stats.DRIFT_UNKNOWN
+
+
+@settings(**FAST)
+@given(few_launches, few_launches, tolerances, statistics, spreads, confidences)
+def test_a_direction_is_claimed_only_where_the_widened_interval_excludes_one(
+        new, base, tol, statistic, spread, confidence):
+    cmp = stats.compare_launches(new, base, tol, confidence, statistic=statistic, spread=spread)
+    assert cmp.ci_low <= cmp.ratio * (1 + 1e-12) and cmp.ratio <= cmp.ci_high * (1 + 1e-12)
+    if cmp.verdict == "regressed":
+        assert cmp.ci_low > 1 and cmp.ratio > 1 + tol - 1e-9
+    if cmp.verdict == "improved":
+        assert cmp.ci_high < 1 and cmp.ratio < 1 - tol + 1e-9
+
+
+@settings(**FAST)
+@given(few_launches, few_launches, statistics, spreads)
+def test_a_larger_recorded_spread_never_narrows_the_interval(new, base, statistic, spread):
+    narrow = stats.compare_launches(new, base, statistic=statistic, spread=spread)
+    wide = stats.compare_launches(new, base, statistic=statistic,
+                                  spread=stats.LaunchSpread(spread.log_sd * 2 + 0.01, spread.dof))
+    assert wide.ci_low <= narrow.ci_low * (1 + 1e-12)
+    assert wide.ci_high * (1 + 1e-12) >= narrow.ci_high
+    if narrow.verdict == "unknown":
+        assert wide.verdict == "unknown"

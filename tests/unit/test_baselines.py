@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 from perfsuite import baselines as bl
+from perfsuite import recording, stats
 from perfsuite.hardware import profile_id
 
 PAPER = Path(bl.__file__).resolve().parent.parent / "baselines" / "h100-sxm-94gb-x4-nvlink-paper"
@@ -263,6 +264,17 @@ def test_an_unknown_launch_statistic_is_named(tmp_path):
         bl.load_profile(tmp_path / "p")
 
 
+@pytest.mark.parametrize("spread", ['{"p5": {"log_sd": 0.05, "dof": 3}}', '{"floor": {"log_sd": 0.05}}',
+                                    '{"floor": {"log_sd": -1, "dof": 3}}', '{"floor": {"log_sd": 0.1, "dof": 0}}'])
+def test_a_malformed_launch_spread_is_named(tmp_path, spread):
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "profile.json").write_text(
+        '{"format": "perfsuite.baselines/1", "hardware": "h", "kind": "recorded", '
+        f'"launch_spread": {spread}}}')
+    with pytest.raises(bl.BaselineError, match="'launch_spread' entry"):
+        bl.load_profile(tmp_path / "p")
+
+
 def test_unreadable_csv(tmp_path):
     def edit(folder):
         (folder / "metrics.csv").write_text('id,metric\n"unterminated,x\n')
@@ -290,7 +302,7 @@ def run(*cells):
 def test_record_writes_a_loadable_folder_with_samples(tmp_path):
     results = run(cell_result("smoke/a", [0.1, 0.11, 0.1, 0.12, 0.1]),
                   cell_result("smoke/b", [0.2] * 5, status="error"))
-    plan = bl.record_run(results, root=tmp_path, date="2026-11-22T00:00:00Z")
+    plan = recording.record_run(results, root=tmp_path, date="2026-11-22T00:00:00Z")
     assert plan.written and plan.folder == tmp_path / CPU
     loaded = bl.load_profile(plan.folder)
     assert loaded.kind == "recorded" and loaded.hardware == CPU
@@ -306,13 +318,13 @@ def test_record_writes_a_loadable_folder_with_samples(tmp_path):
 
 
 def test_re_recording_replaces_rows_keeps_tuned_tolerance_and_shows_the_diff(tmp_path):
-    bl.record_run(run(cell_result("smoke/a", [0.1] * 5), cell_result("smoke/b", [0.3] * 5)),
+    recording.record_run(run(cell_result("smoke/a", [0.1] * 5), cell_result("smoke/b", [0.3] * 5)),
                   root=tmp_path)
     csv = tmp_path / CPU / "metrics.csv"
     df = pd.read_csv(csv, dtype=str, keep_default_na=False)
     df.loc[df["id"] == "smoke/a:step_time", "tolerance"] = "0.2"
     df.to_csv(csv, index=False)
-    plan = bl.record_run(run(cell_result("smoke/a", [0.12] * 5)), root=tmp_path)
+    plan = recording.record_run(run(cell_result("smoke/a", [0.12] * 5)), root=tmp_path)
     diff = plan.diff.set_index("id")
     assert diff.loc["smoke/a:step_time", "change"] == "changed"
     assert diff.loc["smoke/a:step_time", "ratio"] == pytest.approx(1.2)
@@ -324,7 +336,7 @@ def test_re_recording_replaces_rows_keeps_tuned_tolerance_and_shows_the_diff(tmp
 
 
 def test_dry_run_writes_nothing(tmp_path):
-    plan = bl.record_run(run(cell_result("smoke/a", [0.1] * 5)), root=tmp_path, write=False)
+    plan = recording.record_run(run(cell_result("smoke/a", [0.1] * 5)), root=tmp_path, write=False)
     assert not plan.written and not (tmp_path / CPU).exists()
     assert set(plan.diff["change"]) == {"added"}
 
@@ -334,13 +346,13 @@ def test_refuses_another_profiles_folder_unless_forced(tmp_path):
     (tmp_path / CPU / "profile.json").write_text(json.dumps(
         {"format": bl.FORMAT, "hardware": "cpu-other-8c", "kind": "recorded"}))
     with pytest.raises(bl.BaselineError, match="refusing to overwrite"):
-        bl.record_run(run(cell_result("smoke/a", [0.1] * 5)), root=tmp_path)
-    assert bl.record_run(run(cell_result("smoke/a", [0.1] * 5)), root=tmp_path, force=True).written
+        recording.record_run(run(cell_result("smoke/a", [0.1] * 5)), root=tmp_path)
+    assert recording.record_run(run(cell_result("smoke/a", [0.1] * 5)), root=tmp_path, force=True).written
 
 
 def test_refuses_results_measured_elsewhere_and_paper_folders(tmp_path):
     with pytest.raises(bl.BaselineError, match="measured on"):
-        bl.record_run(run(cell_result("smoke/a", [0.1] * 5)), H100, root=tmp_path)
+        recording.record_run(run(cell_result("smoke/a", [0.1] * 5)), H100, root=tmp_path)
     shutil.copytree(PAPER, tmp_path / H100)
     h100_env = {"gpu_name": "NVIDIA H100 SXM", "gpu_count": 4, "gpu_memory_bytes": 94 * 2**30,
                 "interconnect": "nvlink"}
@@ -348,16 +360,16 @@ def test_refuses_results_measured_elsewhere_and_paper_folders(tmp_path):
     on_h100 = {**run(cell_result("full/a", [0.1] * 5)), "env": h100_env}
     on_h100["cells"][0]["env"] = h100_env
     with pytest.raises(bl.BaselineError, match="paper baselines"):
-        bl.record_run(on_h100, root=tmp_path)
+        recording.record_run(on_h100, root=tmp_path)
 
 
 def test_a_run_without_recordable_cells_is_refused(tmp_path):
     with pytest.raises(bl.BaselineError, match="nothing to record"):
-        bl.record_run(run(cell_result("smoke/a", [0.1] * 5, status="failed")), root=tmp_path)
+        recording.record_run(run(cell_result("smoke/a", [0.1] * 5, status="failed")), root=tmp_path)
 
 
 def test_recorded_ratios_are_derived_from_two_cells(tmp_path):
-    bl.record_run(run(cell_result("smoke/c1", [0.10] * 5, world_size=1),
+    recording.record_run(run(cell_result("smoke/c1", [0.10] * 5, world_size=1),
                       cell_result("smoke/c2", [0.125] * 5, world_size=2)), root=tmp_path)
     params = cell_result("x", [1.0], world_size=2)["params"]
     exp = bl.find_expectation(params, "speedup", CPU, reference="world_size=1", root=tmp_path)
@@ -367,16 +379,35 @@ def test_recorded_ratios_are_derived_from_two_cells(tmp_path):
 
 def test_the_launch_statistic_is_set_once_and_kept_by_later_recordings(tmp_path):
     results = run(cell_result("smoke/a", [0.1] * 5))
-    first = bl.record_run(results, root=tmp_path)
+    first = recording.record_run(results, root=tmp_path)
     assert bl.load_profile(first.folder).launch_statistic == "median"  # a new folder's default
-    bl.record_run(results, root=tmp_path, launch_statistic="floor")
-    bl.record_run(results, root=tmp_path)  # not given: kept
+    recording.record_run(results, root=tmp_path, launch_statistic="floor")
+    recording.record_run(results, root=tmp_path)  # not given: kept
     loaded = bl.load_profile(first.folder)
     assert loaded.launch_statistic == "floor"
     exp = bl.find_expectation(results["cells"][0]["params"], "step_time", CPU, root=tmp_path)
     assert exp.launch_statistic == "floor"
     with pytest.raises(bl.BaselineError, match="launch statistic 'p5'"):
-        bl.record_run(results, root=tmp_path, launch_statistic="p5")
+        recording.record_run(results, root=tmp_path, launch_statistic="p5")
+
+
+def test_a_repeated_recording_keeps_the_spread_between_its_launches(tmp_path):
+    """The spread reaches profile.json, the loaded set and every expectation,
+    so that a later single launch is judged with it."""
+    cell = cell_result("smoke/a", [0.1] * 5)
+    launches = [[0.1 * f, 0.11 * f] for f in (1.0, 1.1, 0.9, 1.05)]
+    cell["metrics"]["step_time"]["launches"] = launches
+    plan = recording.record_run(run(cell), root=tmp_path)
+    expected = stats.launch_spread([stats.launch_values(launches, "median")])
+    assert plan.launch_spreads["median"].dof == 3 == expected.dof
+    assert "between-launch spread of launch medians" in plan.describe()
+    saved = json.loads((plan.folder / "profile.json").read_text())["launch_spread"]
+    assert saved["floor"] == {"log_sd": round(expected.log_sd, 5), "dof": 3}
+    exp = bl.find_expectation(cell["params"], "step_time", CPU, root=tmp_path)
+    assert exp.launch_spread == stats.LaunchSpread(round(expected.log_sd, 5), 3)
+    single = recording.record_run(run(cell_result("smoke/b", [0.1] * 5)), root=tmp_path)
+    assert not single.launch_spreads  # one launch shows no spread: the recorded one stays
+    assert "launch_spread" in json.loads((plan.folder / "profile.json").read_text())
 
 
 def test_cpu_profiles_tell_instruction_sets_apart():
@@ -394,7 +425,7 @@ def test_accuracy_is_recorded_only_for_cells_with_an_accuracy_target(tmp_path):
     trained = cell_result("smoke/trained", [0.1] * 5, world_size=2,
                           accuracy={"value": 0.93, "unit": "fraction"})
     trained["params"]["min_accuracy"] = 0.9
-    rows, _ = bl.rows_from_run(run(brief, trained))
+    rows, _ = recording.rows_from_run(run(brief, trained))
     assert set(rows.loc[rows["metric"] == "accuracy", "cell"]) == {"smoke/trained"}
 
 

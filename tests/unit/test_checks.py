@@ -11,6 +11,7 @@ from perfsuite import baselines as bl
 from perfsuite import checks as ck
 from perfsuite import stats
 from perfsuite.baselines import Expectation
+from perfsuite.checks import compare_runs
 
 PAPER = Path(bl.__file__).resolve().parent.parent / "baselines" / "h100-sxm-94gb-x4-nvlink-paper"
 H100 = "h100-sxm-94gb-x4-nvlink"
@@ -56,21 +57,36 @@ def test_verdict_refuses_an_unknown_state():
 # ------------------------------------------------------- single-cell checks
 
 def test_step_time_against_recorded_samples():
-    base = Expectation("step_time", 0.1, tolerance=0.05, samples=tuple(steps(0.1, seed=1)),
-                       source="recorded run 2026-11-21")
+    """One launch against one recorded launch: only the between-launch spread
+    recorded with the baseline can decide, and it widens the interval."""
+    base = Expectation("step_time", 0.1, tolerance=0.15, samples=tuple(steps(0.1, seed=1)),
+                       source="recorded run 2026-11-21", launch_spread=stats.LaunchSpread(0.03, 30))
     same = ck.StepTimeNotRegressed(base).evaluate(result(0.1, seed=2))
     assert same.verdict == "same" and not same.failed
+    assert same.ci_high / same.ci_low > 1.15 and "widened by the between-launch spread" in same.message
     slow = ck.StepTimeNotRegressed(base).evaluate(result(0.13, seed=3))
     assert slow.verdict == "regressed" and slow.failed
     assert slow.ratio == pytest.approx(1.3, rel=0.05)
     assert "step_time regressed" in slow.message and "recorded run 2026-11-21" in slow.message
     assert slow.baseline == "recorded run 2026-11-21" and slow.cell == result()["id"]
+    no_spread = Expectation("step_time", 0.1, tolerance=0.15, samples=tuple(steps(0.1, seed=1)))
+    drift = ck.StepTimeNotRegressed(no_spread).evaluate(result(0.13, seed=3))
+    assert drift.verdict == "unknown" and stats.DRIFT_UNKNOWN in drift.message
 
 
 def test_step_time_against_one_paper_number():
-    check = ck.StepTimeNotRegressed(value=0.77, tolerance=0.05)
+    """A paper's number is one launch of the baseline: one launch against it
+    decides only with a known between-launch spread."""
+    check = ck.StepTimeNotRegressed(Expectation("step_time", 0.77, tolerance=0.10, source="paper",
+                                                launch_spread=stats.LaunchSpread(0.02, 30)))
     assert check.evaluate(result(0.77)).verdict == "same"
     assert check.evaluate(result(0.95)).verdict == "regressed"
+    unknown = ck.StepTimeNotRegressed(value=0.77, tolerance=0.10).evaluate(result(0.95))
+    assert unknown.verdict == "unknown" and "perfsuite ab" in unknown.message
+    four = result(0.95)
+    four["metrics"]["step_time"]["launches"] = [steps(0.95 * f, seed=i)
+                                                for i, f in enumerate((1, 1.01, 0.99, 1.02))]
+    assert ck.StepTimeNotRegressed(value=0.77, tolerance=0.10).evaluate(four).verdict == "regressed"
 
 
 def test_step_time_without_a_baseline_is_skipped_with_the_reason():
@@ -211,13 +227,16 @@ def run(*cells, env=H100_ENV):
 
 
 def test_compare_runs_cell_by_cell():
-    a = run(result(0.1, seed=1, cell_id="c1", accuracy={"value": 0.99},
-                   peak_mem_allocated={"value": 1e9}),
-            result(0.1, seed=2, cell_id="c2"), result(0.1, seed=3, cell_id="only-a"))
-    b = run(result(0.13, seed=4, cell_id="c1", accuracy={"value": 0.99},
-                   peak_mem_allocated={"value": 1e9}),
-            result(0.1, seed=5, cell_id="c2"))
-    out = bl.compare_runs(a, b)
+    a = run({**repeated([0.1, 0.101, 0.099, 0.1], seed=1, cell_id="c1"),
+             "metrics": {**repeated([0.1] * 4, seed=1)["metrics"], "accuracy": {"value": 0.99},
+                         "peak_mem_allocated": {"value": 1e9}}},
+            repeated([0.1, 0.101, 0.099, 0.1], seed=2, cell_id="c2"),
+            result(0.1, seed=3, cell_id="only-a"))
+    b = run({**repeated([0.13, 0.131, 0.129, 0.13], seed=4, cell_id="c1"),
+             "metrics": {**repeated([0.13, 0.131, 0.129, 0.13], seed=4)["metrics"],
+                         "accuracy": {"value": 0.99}, "peak_mem_allocated": {"value": 1e9}}},
+            repeated([0.1, 0.1, 0.101, 0.099], seed=5, cell_id="c2"))
+    out = compare_runs(a, b, tolerance=0.05)
     by = {(v["cell"], v["name"]): v for v in out}
     assert by[("c1", "step_time")]["verdict"] == "regressed"
     assert by[("c1", "peak_mem_allocated")]["verdict"] == "same"
@@ -243,7 +262,7 @@ def test_compare_runs_judges_repeated_launches_by_their_spread():
     b = run(repeated([0.1035, 0.138, 0.115, 0.1265], seed=20))
     pooled = stats.compare(b["cells"][0]["metrics"]["step_time"]["samples"],
                            a["cells"][0]["metrics"]["step_time"]["samples"])
-    check = {v["name"]: v for v in bl.compare_runs(a, b)}["step_time"]
+    check = {v["name"]: v for v in compare_runs(a, b)}["step_time"]
     assert pooled.verdict == "regressed"
     assert check["verdict"] == "unknown"
     assert "launch medians, Mann-Whitney interval over 4 vs 4 launches" in check["message"]
@@ -257,5 +276,15 @@ def test_compare_runs_on_different_hardware_skips_absolute_metrics():
     step = next(v for v in out if v["name"] == "step_time")
     assert step["verdict"] == "skipped" and "no comparable baseline" in step["message"]
     assert [v["verdict"] for v in out if v["name"] == "accuracy_at_least"] == ["pass"]
-    forced = ck.compare_runs(a, b, allow_other_hardware=True)
+    forced = ck.compare_runs(run(repeated([0.1, 0.1, 0.101, 0.099], seed=1)),
+                             run(repeated([0.5, 0.5, 0.51, 0.49], seed=2), env=CPU_ENV),
+                             allow_other_hardware=True)
     assert [v["verdict"] for v in forced if v["name"] == "step_time"] == ["regressed"]
+
+
+def test_compare_of_one_launch_a_side_never_claims_a_direction():
+    """Record, re-run with a slowed stack, compare: the baseline's one launch
+    ran in a busy minute. Within-launch statistics called this "improved"."""
+    busy, slowed = run(result(0.16, seed=1, cell_id="c1")), run(result(0.115, seed=2, cell_id="c1"))
+    check = {v["name"]: v for v in compare_runs(busy, slowed)}["step_time"]
+    assert check["verdict"] == "unknown" and stats.DRIFT_UNKNOWN in check["message"]

@@ -34,21 +34,30 @@ def test_insane_measurements_fail():
 
 
 def test_step_time_regression_against_a_recorded_baseline(tmp_path):
-    from perfsuite.baselines import load_all, record_run
+    """A baseline recorded from 6 launches keeps their spread; one new launch
+    is judged with an interval that spread widens."""
+    from perfsuite.baselines import load_all
+    from perfsuite.recording import record_run
+    from perfsuite.results import merge_repeats
 
     cell = cells.get("smoke/image/ddp/c2/fp32/px32/nopin/nchw")
     env = {"cpu_model": "Test CPU", "cpu_cores": 2, "gpu_count": 0}
     rng = random.Random(1)
-    base = [0.100 + rng.gauss(0, 0.002) for _ in range(30)]
-    record_run({"schema": "perfsuite.results/1", "env": env,
-                "cells": [measured(cell, base, env=env)]}, root=tmp_path)
+    launch = [[0.100 * level + rng.gauss(0, 0.001) for _ in range(30)]
+              for level in (1.0, 1.02, 0.98, 1.01, 0.99, 1.0)]
+    reference = merge_repeats([measured(cell, samples, env=env) for samples in launch])
+    plan = record_run({"schema": "perfsuite.results/1", "env": env, "cells": [reference]},
+                      root=tmp_path, launch_statistic="median")
+    assert plan.launch_spreads["median"].dof == 5
     sets = load_all(tmp_path)
-    same = judge(cell, measured(cell, [s * 1.0 for s in base][::-1], env=env), sets=sets)
-    slower = judge(cell, measured(cell, [s * 1.2 for s in base], env=env), sets=sets)
+    assert sets[0].launch_spread["median"].log_sd == round(plan.launch_spreads["median"].log_sd, 5)
+    base = launch[0]
+    same = judge(cell, measured(cell, base[::-1], env=env), sets=sets)
+    slower = judge(cell, measured(cell, [s * 1.5 for s in base], env=env), sets=sets)
     step = {c["name"]: c for c in same}["step_time"]
-    assert step["verdict"] == "same"
+    assert step["verdict"] == "same" and "between-launch spread" in step["message"]
     step = {c["name"]: c for c in slower}["step_time"]
-    assert step["verdict"] == "regressed" and step["ratio"] > 1.15
+    assert step["verdict"] == "regressed" and step["ratio"] > 1.4
     assert "step_time" in step["message"] and failures({"checks": slower})
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from perfsuite import baselines as bl
-from perfsuite import detection
+from perfsuite import detection, recording
 from perfsuite.launch import LaunchOptions
 from perfsuite.runner import Runner
 from tests.unit.cellkit import tiny_image_cell
@@ -79,7 +79,7 @@ def test_a_baseline_recorded_from_launches_judges_launch_by_launch(tmp_path, fak
     cell = tiny_image_cell(world_size=1)
     reference = Runner(tmp_path / "ref", probe=False, baselines=tmp_path / "none", repeats=4)
     reference.result(cell)
-    plan = bl.record_run(measured_here(reference), root=tmp_path / "baselines")
+    plan = recording.record_run(measured_here(reference), root=tmp_path / "baselines")
     stored = json.loads((plan.folder / "samples.json").read_text())
     key = f"{cell.id}:step_time"
     assert len(stored[key]) == 4 and all(len(launch) == 20 for launch in stored[key])
@@ -99,7 +99,7 @@ def test_unknown_between_launches_is_measured_with_more_launches(tmp_path, monke
     cell = tiny_image_cell(world_size=1)
     reference = Runner(tmp_path / "ref", probe=False, baselines=tmp_path / "none", repeats=4)
     reference.result(cell)
-    bl.record_run(measured_here(reference), root=tmp_path / "baselines")
+    recording.record_run(measured_here(reference), root=tmp_path / "baselines")
     before = len(noisy.calls)
     result = Runner(tmp_path / "new", probe=False, baselines=tmp_path / "baselines",
                     repeats=4).result(cell)

@@ -283,8 +283,44 @@ def test_launch_floors_see_through_neighbours_that_only_add_time():
         stats.compare_launches(slow, base, statistic="mean")
 
 
-def test_too_few_launches_fall_back_to_pooled_steps_and_say_so():
+def test_one_launch_a_side_cannot_separate_a_change_from_drift():
+    """The scenario users met: the baseline launched in a busy minute (1.6x),
+    the new one on a quiet minute with a stack slowed by 15 %. The steps of
+    each launch are tight, so pooled steps claimed "improved" at 95 %."""
+    busy_baseline = [lognormal(31, 40, 1.6, sigma=0.02)]
+    slowed_stack = [lognormal(32, 40, 1.15, sigma=0.02)]
+    assert stats.compare([x for r in slowed_stack for x in r],
+                         [x for r in busy_baseline for x in r]).verdict == "improved"
+    for statistic in ("median", "floor"):
+        cmp = stats.compare_launches(slowed_stack, busy_baseline, statistic=statistic)
+        assert cmp.verdict == "unknown" and cmp.ci_low == 0.0 and cmp.ci_high == math.inf
+        assert cmp.reason == stats.DRIFT_UNKNOWN and "perfsuite ab" in cmp.reason
+        assert (cmp.n_new, cmp.n_base) == (1, 1)
+
+
+def test_fewer_than_four_launches_weigh_the_spread_between_them():
     cmp = stats.compare_launches(launches(5, 3), launches(6, 8))
-    assert cmp.n_new == 90 and cmp.n_base == 240
-    assert "within-launch spread only (3 launch(es) vs 8" in cmp.reason
-    assert cmp.method == stats.compare([1.0] * 5, [1.0] * 5).method
+    assert (cmp.n_new, cmp.n_base) == (3, 8) and "t interval" in cmp.method
+    assert "between-launch spread" in cmp.reason and "9 d.o.f." in cmp.reason
+    # the launches scatter 10 % (s.d. of logs): the interval is about +-15 %, not +-1 %
+    assert cmp.ci_high / cmp.ci_low > 1.2 and cmp.verdict == "unknown"
+
+
+def test_a_recorded_spread_widens_a_single_launch_interval():
+    one, other = [lognormal(41, 30, 1.0, sigma=0.01)], [lognormal(42, 30, 1.0, sigma=0.01)]
+    spread = stats.LaunchSpread(0.05, 40)
+    cmp = stats.compare_launches(one, other, spread=spread)
+    half = stats._sps.t.ppf(0.975, 40) * 0.05 * math.sqrt(2)
+    assert math.log(cmp.ci_high / cmp.ci_low) == pytest.approx(2 * half, rel=1e-9)
+    assert cmp.verdict == "unknown"  # +-14 % cannot fit within a 5 % tolerance
+    doubled = stats.compare_launches([[x * 2 for x in one[0]]], other, spread=spread)
+    assert doubled.verdict == "regressed" and doubled.ci_low > 1.5
+    assert stats.compare_launches(one, other, 1.0, spread=spread).verdict == "same"
+
+
+def test_launch_spread_pools_groups_of_identical_launches():
+    spread = stats.launch_spread([[1.0, 1.0], [2.0, 2.0 * math.e ** 0.2], [5.0]])
+    assert spread.dof == 2 and spread.log_sd == pytest.approx(math.sqrt(0.02 / 2))
+    assert stats.launch_spread([[1.0]]).dof == 0
+    assert stats.LaunchSpread(0.1, 2).pooled(stats.LaunchSpread(0.2, 2)).log_sd == pytest.approx(
+        math.sqrt(0.025))
