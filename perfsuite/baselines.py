@@ -24,8 +24,9 @@ import pandas as pd
 from perfsuite import stats
 
 FORMAT = "perfsuite.baselines/1"
-PROFILE_FILE, METRICS_FILE, RATIOS_FILE, FINDINGS_FILE, SAMPLES_FILE = (
-    "profile.json", "metrics.csv", "ratios.csv", "findings.csv", "samples.json")
+PROFILE_FILE, METRICS_FILE, RATIOS_FILE, FINDINGS_FILE, SAMPLES_FILE, COUNTERS_FILE = (
+    "profile.json", "metrics.csv", "ratios.csv", "findings.csv", "samples.json", "counters.json")
+COUNTERS_FORMAT = "perfsuite.counters/1"
 KINDS = ("paper", "recorded")  # transcribed from a publication, or measured by this suite
 
 # Cell parameters a row may be keyed on: the fields of perfsuite.cells.Cell
@@ -48,6 +49,8 @@ RATIO_METRICS = frozenset({"speedup", "step_time_ratio"})
 HIGHER_IS_BETTER = frozenset({"throughput", "accuracy", "speedup"})
 # What a launch contributes to a launch-level verdict; a profile's noise decides (profile.json).
 LAUNCH_STATISTICS = tuple(stats.LAUNCH_STATISTICS)
+COUNTER_VERSION_KEYS = ("torch", "torchvision", "torchtune", "torchao")
+GPU_COUNTER_VERSION_KEYS = ("cuda", "cudnn", "nccl")
 ENV_VERSION_KEYS = ("torch", "torchvision", "torchtune", "torchao", "cuda", "cudnn", "nccl",
                     "driver", "python")
 
@@ -94,6 +97,72 @@ def parse_reference(text: str) -> dict[str, str]:
     return out
 
 
+@dataclass(frozen=True)
+class CounterBaseline:
+    """A cell's recorded work counters per step, valid for one software stack."""
+
+    cell: str
+    params: dict[str, str]  # the cell's key parameters, normalised
+    versions: dict[str, str]  # the stack they were counted on (COUNTER_VERSION_KEYS)
+    per_step: dict[str, float]
+    tolerance: dict[str, float] = field(default_factory=dict)  # per counter, where not exact
+    unstable: tuple[str, ...] = ()
+    source: str = ""
+    recorded_at: str = ""
+
+
+def counter_versions(env: Mapping[str, Any], device: str) -> dict[str, str]:
+    """The software a cell's counters depend on: torch and its libraries
+    (and on CUDA the toolkit, cuDNN and NCCL), not the CPU or GPU model."""
+    keys = COUNTER_VERSION_KEYS + (GPU_COUNTER_VERSION_KEYS if device == "cuda" else ())
+    return {k: str(env[k]) for k in keys if env.get(k) is not None}
+
+
+def _counter_entries(file: Path) -> tuple[CounterBaseline, ...]:
+    if not file.exists():
+        return ()
+    data = read_json(file)
+    entries = data.get("entries") if isinstance(data, dict) else None
+    if not isinstance(data, dict) or data.get("format") != COUNTERS_FORMAT or not isinstance(
+            entries, list):
+        raise BaselineError(f"{file}: write {{\"format\": \"{COUNTERS_FORMAT}\", \"entries\": "
+                            "[...]}} (see baselines/README.md), or record it again")
+    out = []
+    for i, entry in enumerate(entries):
+        try:
+            out.append(CounterBaseline(
+                str(entry["cell"]), {k: norm(v) for k, v in entry["params"].items()},
+                {k: str(v) for k, v in entry["versions"].items()},
+                {k: float(v) for k, v in entry["per_step"].items()},
+                {k: float(v) for k, v in entry.get("tolerance", {}).items()},
+                tuple(entry.get("unstable", ())), str(entry.get("source", "")),
+                str(entry.get("recorded_at", ""))))
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise BaselineError(f"{file}: entry {i + 1} ({entry.get('cell') if isinstance(entry, dict) else entry!r}): "
+                                f"{type(err).__name__} {err}; every entry needs cell, params, "
+                                "versions and per_step with numbers") from None
+    return tuple(out)
+
+
+def find_counters(params: Mapping[str, Any], env: Mapping[str, Any],
+                  sets: list[BaselineSet]) -> tuple[CounterBaseline | None, str]:
+    """The newest counters recorded for these cell parameters on this
+    software stack, from any folder (counts do not depend on the hardware
+    model); otherwise None and why."""
+    versions = counter_versions(env, str(params.get("device", "cpu")))
+    same_cell = [c for s in sets for c in s.counters if row_matches(c.params, params)]
+    same_stack = [c for c in same_cell if c.versions == versions]
+    if same_stack:
+        return max(same_stack, key=lambda c: c.recorded_at), ""
+    if same_cell:
+        other = max(same_cell, key=lambda c: c.recorded_at)
+        stack = "; ".join(f"{k}={v}" for k, v in other.versions.items())
+        here = "; ".join(f"{k}={v}" for k, v in versions.items())
+        return None, (f"counters of this cell were recorded on {stack}, this run has {here}: "
+                      "compare the two stacks with `perfsuite ab`, or record this stack's counters")
+    return None, "no work counters recorded for these parameters; `perfsuite baseline record` keeps them"
+
+
 @dataclass
 class BaselineSet:  # one folder: its profile.json facts and its tables
     path: Path
@@ -107,6 +176,7 @@ class BaselineSet:  # one folder: its profile.json facts and its tables
     launch_statistic: str = "median"  # what a launch contributes to a launch-level verdict
     # between-launch spread of launch values seen when recording, per statistic
     launch_spread: dict[str, stats.LaunchSpread] = field(default_factory=dict)
+    counters: tuple[CounterBaseline, ...] = ()  # work counters, portable across hardware
 
     def matches(self, profile_id: str | None) -> bool:
         return profile_id in (self.hardware, *self.aliases)
@@ -215,7 +285,8 @@ def load_profile(path: Path | str) -> BaselineSet:
                        _read_table(path / METRICS_FILE, METRIC_COLUMNS, samples),
                        _read_table(path / RATIOS_FILE, RATIO_COLUMNS, samples),
                        _read_table(path / FINDINGS_FILE, RATIO_COLUMNS, samples), samples,
-                       data.get("launch_statistic", "median"), spread)
+                       data.get("launch_statistic", "median"), spread,
+                       _counter_entries(path / COUNTERS_FILE))
 
 
 def load_all(root: Path | str | None = None) -> list[BaselineSet]:

@@ -14,15 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
-from perfsuite import stats
-from perfsuite.baselines import (
-    Expectation,
-    find_expectations,
-    load_all,
-    norm,
-    run_cells,
-    run_profile,
-)
+from perfsuite import counters, stats
+from perfsuite.baselines import CounterBaseline, Expectation, find_counters, find_expectations, load_all, norm
 
 STATES = ("same", "regressed", "improved", "unknown", "pass", "fail", "skipped")
 FAILING = frozenset({"regressed", "fail"})
@@ -342,6 +335,43 @@ class StepTimeRatio(CrossCellRatio):
                                            confidence=self.confidence)
 
 
+class WorkCountersUnchanged:
+    """The work counters of a cell's step against recorded ones: exact (a
+    per-counter tolerance only where the baseline gives one), so one launch
+    decides. A failure names what changed."""
+
+    name = "work_counters"
+    metric = "counters"
+
+    def __init__(self, baseline: CounterBaseline | None, reason: str = "") -> None:
+        self.baseline, self.reason = baseline, reason
+
+    def evaluate(self, result: Mapping[str, Any], twin: Mapping[str, Any] | None = None) -> Verdict:
+        cell = result.get("id")
+        if (skip := _not_ok(self.name, self.metric, result)) is not None:
+            return skip
+        if self.baseline is None:
+            return _skip(self.name, self.metric, self.reason or "no comparable counters", cell)
+        measured = result.get("counters") or {}
+        if not measured.get("per_step"):
+            return _skip(self.name, self.metric, f"cell {cell} counted no work (count_steps=0, "
+                         "or a workload without a counting window)", cell)
+        base = self.baseline
+        unstable = set(measured.get("unstable", [])) | set(base.unstable)
+        changes = counters.diff(measured["per_step"], base.per_step, base.tolerance, unstable)
+        lines = counters.describe(changes)
+        judged = len(set(measured["per_step"]) | set(base.per_step)) - len(unstable)
+        where = f"against {base.source or base.cell}"
+        message = (f"work counters {'changed' if changes else 'unchanged'} {where}: "
+                   + ("; ".join(lines[:12]) + (f"; ... {len(lines) - 12} more" if len(lines) > 12
+                                               else "") if changes else f"{judged} counters per step equal")
+                   + (f" (not judged, unstable between steps or launches: {', '.join(sorted(unstable))})"
+                      if unstable else ""))
+        return Verdict(self.name, "fail" if changes else "pass", float(len(changes)), 0.0,
+                       metric=self.metric, unit="changed counters", baseline=base.source or None,
+                       message=message, cell=cell)
+
+
 CROSS_CELL = (ScalingEfficiency, PrecisionSpeedup, PinMemoryGain, StepTimeRatio)
 
 
@@ -358,79 +388,22 @@ def needed_cells(params: Mapping[str, Any], checks: tuple[type[CrossCellRatio], 
 
 def checks_for(params: Mapping[str, Any], profile_id: str | None, *,
                sets: list | None = None, root: Any = None,
-               cross_cell: bool = True) -> list[Any]:
-    """Every check with a comparable baseline for a cell; the step-time check
-    always, so that a report says why it was skipped when there is none."""
+               cross_cell: bool = True, env: Mapping[str, Any] | None = None) -> list[Any]:
+    """Every check with a comparable baseline for a cell; the step-time and
+    (given the run's ``env``) work-counter checks always, so that a report
+    says why they were skipped when there is none."""
     sets = load_all(root) if sets is None else sets
 
     def found(metric: str, reference: str = "") -> list[Expectation]:
         return find_expectations(params, metric, profile_id, reference=reference, sets=sets)
 
     out: list[Any] = [StepTimeNotRegressed(found("step_time")[0])]  # says why when it skips
+    if env is not None:
+        out.append(WorkCountersUnchanged(*find_counters(params, env, sets)))
     for metric in ("peak_mem_allocated", "peak_rss"):
         out += [PeakMemoryNotRegressed(e, metric=metric) for e in found(metric)[:1] if e.value]
     out += [AccuracyAtLeast.from_expectation(e) for e in found("accuracy")[:1] if e.value]
     for check in CROSS_CELL if cross_cell else ():
         if check().applies(params):
             out += [check(e) for e in found(check.metric, check().reference) if e.available]
-    return out
-
-
-def _env_profile(results: Mapping[str, Any]) -> str | None:
-    try:
-        return run_profile(results)
-    except (ImportError, ValueError):
-        return None
-
-
-def compare_runs(results_a: Mapping[str, Any], results_b: Mapping[str, Any], *,
-                 tolerance: float = stats.DEFAULT_TOLERANCE,
-                 confidence: float = stats.DEFAULT_CONFIDENCE,
-                 allow_other_hardware: bool = False,
-                 launch_statistic: str = "median") -> list[dict[str, Any]]:
-    """Run B judged against run A (the reference), cell by cell.
-
-    Step time by samples (by each launch's ``launch_statistic`` where both
-    runs have repeated launches), peak memory by value, accuracy against A's
-    less 2%.
-    Absolute metrics of runs on different hardware profiles are skipped with
-    the reason unless ``allow_other_hardware``.
-    """
-    cells_a = {c["id"]: c for c in run_cells(results_a)}
-    cells_b = {c["id"]: c for c in run_cells(results_b)}
-    prof_a, prof_b = _env_profile(results_a), _env_profile(results_b)
-    same_hw = allow_other_hardware or prof_a == prof_b
-    out = []
-    for cell_id in sorted(set(cells_a) | set(cells_b)):
-        a, b = cells_a.get(cell_id), cells_b.get(cell_id)
-        if a is None or b is None:
-            side = "A" if b is None else "B"
-            out.append(_skip("compare", "step_time", f"cell only in run {side}", cell_id).to_dict())
-            continue
-        if not same_hw:
-            msg = f"no comparable baseline: run A on {prof_a}, run B on {prof_b}"
-            out.append(_skip("step_time", "step_time", msg, cell_id).to_dict())
-        else:
-            base_samples = _metric(a, "step_time").get("samples") or []
-            base_launches = tuple(map(tuple, _metric(a, "step_time").get("launches") or []))
-            exp = (Expectation("step_time", None, tolerance=tolerance, samples=tuple(base_samples),
-                               launches=base_launches if len(base_launches) > 1 else (),
-                               launch_statistic=launch_statistic,
-                               source=f"run A cell {cell_id}") if base_samples else
-                   Expectation("step_time", reason="run A has no step-time samples"))
-            if a.get("status") != "ok":
-                exp = Expectation("step_time", reason=f"run A cell has status {a.get('status')}")
-            out.append(StepTimeNotRegressed(exp, confidence=confidence).evaluate(b).to_dict())
-            for metric in ("peak_mem_allocated", "peak_mem_reserved", "peak_rss"):
-                value = _metric(a, metric).get("value")
-                if a.get("status") == "ok" and isinstance(value, (int, float)) and value > 0:
-                    check = PeakMemoryNotRegressed(value=float(value), tolerance=tolerance,
-                                                   metric=metric)
-                    out.append(check.evaluate(b).to_dict())
-        acc = _metric(a, "accuracy").get("value")
-        if a.get("status") == "ok" and isinstance(acc, (int, float)) and math.isfinite(acc):
-            check = AccuracyAtLeast(max(0.0, acc * 0.98), source=f"run A accuracy {acc:.4f} - 2%")
-            out.append(check.evaluate(b).to_dict())
-    for entry in out:
-        entry.setdefault("cell", None)
     return out

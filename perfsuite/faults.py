@@ -9,6 +9,12 @@ Given as a workload option ``fault=KIND:RANK:STEP[:VALUE]``:
 - ``slow``: from that step on, every step of the rank takes VALUE (a
   fraction, 0.1 = 10 %) longer: the step's own duration times VALUE is added
   as a sleep after it. RANK ``*`` applies to every rank.
+- ``allreduce``: from that step on, every step does one extra all-reduce of
+  four float32 values (16 bytes); give RANK ``*``, or the others wait for it.
+- ``copy``: from that step on, every step copies every parameter once more.
+
+The last two change what a step does, not only how long it takes: the work
+counters' own test of detection.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import signal
 import time
 from dataclasses import dataclass
 
-KINDS = ("raise", "hang", "kill", "slow")
+KINDS = ("raise", "hang", "kill", "slow", "allreduce", "copy")
 
 
 @dataclass(frozen=True)
@@ -46,7 +52,7 @@ def from_options(options: dict[str, str]) -> Fault | None:
 
 def at_step(fault: Fault | None, rank: int, step: int) -> None:
     """Call at the start of each training step."""
-    if fault is None or fault.kind == "slow" or not fault.applies(rank, step):
+    if fault is None or fault.kind not in ("raise", "kill", "hang") or not fault.applies(rank, step):
         return
     if fault.kind == "raise":
         raise RuntimeError(f"injected fault: rank {rank} raised at step {step}")
@@ -61,3 +67,18 @@ def slow_down(fault: Fault | None, rank: int, step: int, step_seconds: float) ->
     """Call after a step with its duration; sleeps the injected share of it."""
     if fault is not None and fault.kind == "slow" and fault.applies(rank, step):
         time.sleep(step_seconds * fault.value)
+
+
+def extra_work(fault: Fault | None, rank: int, step: int, model) -> None:
+    """Call inside each training step: the ``allreduce`` and ``copy`` faults."""
+    if fault is None or fault.kind not in ("allreduce", "copy") or not fault.applies(rank, step):
+        return
+    import torch
+
+    if fault.kind == "allreduce":
+        import torch.distributed as dist
+
+        dist.all_reduce(torch.ones(4, device=next(model.parameters()).device))
+    else:
+        for param in model.parameters():
+            param.detach().clone()

@@ -98,7 +98,8 @@ def baseline_checks(cell: Cell, result: dict[str, Any], twin_of, sets: list) -> 
     profile = profile_id(result.get("env") or {}) if result.get("env") else None
     out = []
     # A profiled cell's steps carry the profiler's cost: no ratio with other cells.
-    for check in checks_for(cell.params(), profile, sets=sets, cross_cell=not cell.profile):
+    for check in checks_for(cell.params(), profile, sets=sets, cross_cell=not cell.profile,
+                            env=result.get("env") or {}):
         twin = None
         if hasattr(check, "twin_params"):
             twin = twin_of(check.twin_params(cell.params()))

@@ -21,6 +21,8 @@ import pandas as pd
 
 from perfsuite import stats
 from perfsuite.baselines import (
+    COUNTERS_FILE,
+    COUNTERS_FORMAT,
     ENV_VERSION_KEYS,
     FORMAT,
     HIGHER_IS_BETTER,
@@ -31,6 +33,7 @@ from perfsuite.baselines import (
     PROFILE_FILE,
     SAMPLES_FILE,
     BaselineError,
+    counter_versions,
     default_root,
     load_profile,
     norm,
@@ -109,6 +112,7 @@ class RecordPlan:
     diff: pd.DataFrame
     written: bool = False
     launch_spreads: dict[str, stats.LaunchSpread] = field(default_factory=dict)
+    counted_cells: int = 0  # cells whose work counters were recorded
 
     def describe(self) -> str:
         shown = {"added": "{r.id}: {r.new}", "removed": "{r.id}: {r.old}",
@@ -118,7 +122,10 @@ class RecordPlan:
         same = int((self.diff["change"] == "same").sum())
         spread = [f"between-launch spread of launch {k}s: {v.log_sd:.1%} (s.d. of logs, "
                   f"{v.dof} d.o.f.)" for k, v in self.launch_spreads.items()]
-        return "\n".join([f"{self.folder}:"] + lines + [f"{same} row(s) unchanged"] + spread)
+        counted = [f"work counters of {self.counted_cells} cell(s) in {COUNTERS_FILE}"] * bool(
+            self.counted_cells)
+        return "\n".join([f"{self.folder}:"] + lines + [f"{same} row(s) unchanged"] + spread
+                         + counted)
 
 
 def launch_spreads(results: Mapping[str, Any] | list) -> dict[str, stats.LaunchSpread]:
@@ -134,6 +141,39 @@ def launch_spreads(results: Mapping[str, Any] | list) -> dict[str, stats.LaunchS
         if spread.dof >= 1:
             out[statistic] = spread
     return out
+
+
+def counter_entries(results: Mapping[str, Any] | list, date: str) -> list[dict[str, Any]]:
+    """counters.json entries for every ok cell that counted its work."""
+    run_env = (results.get("env") or {}) if isinstance(results, Mapping) else {}
+    out = []
+    for cell in run_cells(results):
+        counted = cell.get("counters") or {}
+        if cell.get("status") != "ok" or not counted.get("per_step"):
+            continue
+        params = cell.get("params", {})
+        env = cell.get("env") or run_env
+        out.append({"cell": cell["id"],
+                    "params": {k: norm(v) for k, v in params.items() if k in KEY_COLUMNS},
+                    "versions": counter_versions(env, str(params.get("device", "cpu"))),
+                    "per_step": counted["per_step"], "unstable": counted.get("unstable", []),
+                    "window_steps": counted.get("window_steps"), "ranks": counted.get("ranks"),
+                    "source": f"recorded run {date}", "recorded_at": date,
+                    "commit": env.get("commit") or ""})
+    return out
+
+
+def _merged_counters(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> str:
+    """counters.json text: new entries replace those of the same cell and
+    stack; a tolerance set by hand on a replaced entry is kept."""
+    def key(e):
+        return e["cell"], json.dumps(e["versions"], sort_keys=True)
+    tuned = {key(e): e["tolerance"] for e in old if e.get("tolerance")}
+    fresh = {key(e): {**e, **({"tolerance": tuned[key(e)]} if key(e) in tuned else {})} for e in new}
+    kept = [e for e in old if key(e) not in fresh]
+    entries = sorted([*kept, *fresh.values()], key=key)
+    body = ",\n".join(json.dumps(e, sort_keys=True) for e in entries)  # an entry a line: diffable
+    return f'{{"format": "{COUNTERS_FORMAT}", "entries": [\n{body}\n]}}\n'
 
 
 def record_run(results: Mapping[str, Any] | list, profile_id: str | None = None, *,
@@ -163,8 +203,10 @@ def record_run(results: Mapping[str, Any] | list, profile_id: str | None = None,
         raise BaselineError(f"{folder} holds {old.kind} baselines of "
                             f"{old.hardware}; refusing to overwrite it with "
                             f"{profile_id} results unless forced")
+    date = date or _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     new_rows, samples = rows_from_run(results, date)
-    if new_rows.empty:
+    counted = counter_entries(results, date)
+    if new_rows.empty and not counted:
         raise BaselineError("the run has no ok cell with a recordable metric; nothing to record")
     old_rows = old.metrics if old else pd.DataFrame(columns=["id", "metric"])
     tuned = dict(zip(old_rows["id"], old_rows.get("tolerance", [])))
@@ -175,7 +217,8 @@ def record_run(results: Mapping[str, Any] | list, profile_id: str | None = None,
     keys = set(merged.get("samples_key", []))
     samples = {**{k: v for k, v in (old.samples if old else {}).items() if k in keys}, **samples}
     spreads = launch_spreads(results)
-    plan = RecordPlan(folder, merged, samples, diff_tables(old_rows, merged), write, spreads)
+    plan = RecordPlan(folder, merged, samples, diff_tables(old_rows, merged), write, spreads,
+                      len(counted))
     if write:  # samples first, so metrics.csv never names samples that are not there
         body = ",\n".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in sorted(samples.items()))
         atomic_write_text(folder / SAMPLES_FILE, "{\n" + body + "\n}\n")  # a line per row: diffable
@@ -183,6 +226,9 @@ def record_run(results: Mapping[str, Any] | list, profile_id: str | None = None,
         meta = read_json(folder / PROFILE_FILE) if old else {"aliases": []}
         if launch_statistic:
             meta["launch_statistic"] = launch_statistic
+        if counted:
+            old_counters = read_json(folder / COUNTERS_FILE)["entries"] if old and old.counters else []
+            atomic_write_text(folder / COUNTERS_FILE, _merged_counters(old_counters, counted))
         if spreads:  # the newest repeated recording says how launches scatter here
             meta["launch_spread"] = {k: {"log_sd": round(v.log_sd, 5), "dof": v.dof}
                                      for k, v in spreads.items()}

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from perfsuite import counters
 from perfsuite.cells import Cell
 from perfsuite.fsutil import atomic_write_json
 from perfsuite.stats import summary
@@ -95,6 +96,7 @@ def aggregate(cell: Cell, records: list[dict | None], *, status: str, reason: st
             result["status"] = "error"
             result["reason"] = f"ranks took different numbers of measured steps: {sorted(steps)}"
         result["metrics"] = _merge_metrics(good)
+        result["counters"] = counters.sum_ranks([r.get("counters") for r in good])
         result["info"] = good[0].get("info", {})
         profiles = [r["profile"] for r in good if r.get("profile")]
         if profiles:
@@ -122,7 +124,8 @@ def merge_repeats(results: list[dict[str, Any]]) -> dict[str, Any]:
         return {**bad, "reason": f"launch {results.index(bad) + 1} of {len(results)}: "
                 f"{bad.get('reason')} ({ok} launch(es) ok)"}
     merged = {**results[0], "duration_s": sum(r.get("duration_s", 0.0) for r in results),
-              "repeats": len(results), "metrics": {}}
+              "repeats": len(results), "metrics": {},
+              "counters": counters.agree_launches([r.get("counters") for r in results])}
     for name in results[0]["metrics"]:
         have = [r["metrics"][name] for r in results if name in r["metrics"]]
         if name == "step_time":

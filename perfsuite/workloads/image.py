@@ -25,7 +25,7 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 from torchvision.models import mobilenet_v2
 
-from perfsuite import faults
+from perfsuite import counting, faults
 from perfsuite.cells import Cell
 from perfsuite.context import RankContext
 from perfsuite.meter import StepTimer, WallClock, metric, peak_memory, reset_peak_memory
@@ -166,10 +166,15 @@ def run(cell: Cell, ctx: RankContext) -> dict[str, Any]:
     model, module = build_model(cell, ctx)
     profiler = _step_profiler(cell, ctx)
     phase = profiler.phase if profiler.mode != "off" else _no_phase
-    train_step = make_train_step(cell, model, device, phase)
-    group = ctx.world_size if cell.strategy == "ddp-rr" else 1
+    plain_step = make_train_step(cell, model, device, phase)
     fault = faults.from_options(ctx.options)
     step_index = 0
+
+    def train_step(images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        faults.extra_work(fault, ctx.rank, step_index, model)  # injected work, if any
+        return plain_step(images, labels)
+
+    group = ctx.world_size if cell.strategy == "ddp-rr" else 1
     timer = StepTimer(device, cell.warmup_steps)
     losses: list[torch.Tensor] = []
     epoch_times: list[float] = []
@@ -185,6 +190,13 @@ def run(cell: Cell, ctx: RankContext) -> dict[str, Any]:
             images = images.contiguous(memory_format=torch.channels_last)
         return images, labels.to(device, non_blocking=cell.pin_memory)
 
+    def next_batch(batches) -> tuple[torch.Tensor, torch.Tensor]:
+        for slot in range(group):  # round robin: load all, train on own
+            batch = to_device(*next(batches))
+            if slot == ctx.rank % group:
+                mine = batch
+        return mine
+
     with profiler, WallClock(device) as total:
         for epoch in range(cell.epochs):
             loader = build_loader(cell, ctx, train_set, epoch)
@@ -196,10 +208,7 @@ def run(cell: Cell, ctx: RankContext) -> dict[str, Any]:
                     faults.at_step(fault, ctx.rank, step_index)
                     timer.mark()
                     with phase("data"):
-                        for slot in range(group):  # round robin: load all, train on own
-                            batch = to_device(*next(batches))
-                            if slot == ctx.rank % group:
-                                images, labels = batch
+                        images, labels = next_batch(batches)
                     if fault is None:
                         losses.append(train_step(images, labels))
                     else:  # injected slowdown: the step's own duration, scaled
@@ -215,8 +224,6 @@ def run(cell: Cell, ctx: RankContext) -> dict[str, Any]:
             epoch_times.append(epoch_clock.seconds)
             # The step between two epochs includes loader start-up: drop it.
             timer.close_epoch()
-    ctx.report_progress(step_index, "evaluate")
-    accuracy = evaluate(cell, ctx, module, test_set)
 
     samples = timer.samples()
     step_time = statistics.median(samples) if samples else float("nan")
@@ -226,16 +233,27 @@ def run(cell: Cell, ctx: RankContext) -> dict[str, Any]:
         "throughput": metric(images_per_step(cell) / step_time if samples else 0.0, "images/s"),
         "epoch_time": metric(statistics.median(epoch_times), "s", epoch_times),
         "total_time": metric(total.seconds, "s"),
-        "accuracy": metric(accuracy, "fraction"),
         "loss": metric(loss_curve[-1] if loss_curve else float("nan"), "", loss_curve),
         "h2d_bytes": metric(moved_bytes, "bytes"),
         **peak_memory(device),
     }
+    counters = None
+    window = int(ctx.options.get("count_steps", counting.DEFAULT_WINDOW_STEPS))
+    if window > 0:  # after the timed steps, on the same ranks, so every rank counts alike
+        ctx.report_progress(step_index, "count")
+        if len(loader) - steps * group < window * group:  # the epoch is used up: a new one,
+            batches = iter(build_loader(cell, ctx, train_set, cell.epochs))
+            train_step(*next_batch(batches))  # and its first step (sampler set-up) uncounted
+        counters = counting.count_window(lambda: train_step(*next_batch(batches)), device,
+                                         window)
+    if cell.min_accuracy > 0:  # chance-level accuracy of a brief run tells nothing
+        ctx.report_progress(step_index, "evaluate")
+        metrics["accuracy"] = metric(evaluate(cell, ctx, module, test_set), "fraction")
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
     summary = profiler.summary()
-    return {"metrics": metrics, "steps": len(samples),
+    return {"metrics": metrics, "steps": len(samples), "counters": counters,
             "profile": summary.to_dict() if summary else None,
             "info": {"precision_effective": effective_precision(cell),
                      "pin_memory_effective": cell.pin_memory and device.type == "cuda",

@@ -11,7 +11,7 @@ from perfsuite import baselines as bl
 from perfsuite import checks as ck
 from perfsuite import stats
 from perfsuite.baselines import Expectation
-from perfsuite.checks import compare_runs
+from perfsuite.comparing import compare_runs
 
 PAPER = Path(bl.__file__).resolve().parent.parent / "baselines" / "h100-sxm-94gb-x4-nvlink-paper"
 H100 = "h100-sxm-94gb-x4-nvlink"
@@ -272,11 +272,11 @@ def test_compare_runs_on_different_hardware_skips_absolute_metrics():
     a = run(result(0.1, seed=1, cell_id="c1", accuracy={"value": 0.99}))
     b = run(result(0.5, seed=2, cell_id="c1", env=CPU_ENV, accuracy={"value": 0.99}),
             env=CPU_ENV)
-    out = ck.compare_runs(a, b)
+    out = compare_runs(a, b)
     step = next(v for v in out if v["name"] == "step_time")
     assert step["verdict"] == "skipped" and "no comparable baseline" in step["message"]
     assert [v["verdict"] for v in out if v["name"] == "accuracy_at_least"] == ["pass"]
-    forced = ck.compare_runs(run(repeated([0.1, 0.1, 0.101, 0.099], seed=1)),
+    forced = compare_runs(run(repeated([0.1, 0.1, 0.101, 0.099], seed=1)),
                              run(repeated([0.5, 0.5, 0.51, 0.49], seed=2), env=CPU_ENV),
                              allow_other_hardware=True)
     assert [v["verdict"] for v in forced if v["name"] == "step_time"] == ["regressed"]

@@ -1,0 +1,165 @@
+"""Work counters: what one training step does, counted exactly, in the rank.
+
+A step's time moves with the machine; what the step does does not. In a
+short counting window after the timed steps (never during them, so timing
+is untouched) every step is run under one ``TorchDispatchMode`` that counts:
+
+- aten (and other namespaces') operator calls by name, as the dispatcher
+  sees them above the backend kernels, so AVX2 and AVX-512 hosts count
+  alike;
+- FLOPs, by the formulas of ``torch.utils.flop_counter`` (its
+  ``flop_registry``, the formulas ``FlopCounterMode`` applies; an operator
+  without a formula counts none, where ``FlopCounterMode`` would decompose
+  it first, which would change the operator counts beside it);
+- collectives (``c10d::*``) and the bytes of the tensors they send, as DDP's
+  reducer and torchtune's FSDP issue them;
+- bytes and calls copied host-to-device and device-to-host.
+
+On CUDA the window also runs ``torch.profiler`` for the runtime API calls
+the papers' Table 1 lists: kernel launches, memcpy and memset calls, and
+synchronisations (cudaStreamSynchronize, cudaEventSynchronize,
+cudaDeviceSynchronize), and reads the peak memory allocated in the window.
+
+Counters are flat ``{key: number}`` dicts per step, keys such as
+``ops/aten::convolution``, ``flops``, ``collectives/allreduce/calls``,
+``collectives/allreduce/bytes``, ``copies/h2d_bytes``, ``cuda/kernel_launches``,
+``cuda/syncs/cudaStreamSynchronize``, ``memory/peak_allocated``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry
+
+from perfsuite import counters
+
+DEFAULT_WINDOW_STEPS = 2
+# Arguments of a c10d operator that hold what it sends (by schema name).
+_SENT = ("tensors", "tensor", "input_tensors", "input_tensor", "input", "inputs")
+# Runtime API calls counted on CUDA, by the key they are kept under.
+CUDA_API = {
+    "cuda/kernel_launches": ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel",
+                             "cuLaunchKernelEx", "cudaLaunchCooperativeKernel"),
+    "cuda/memcpy_calls": ("cudaMemcpy", "cudaMemcpyAsync", "cudaMemcpy2D", "cudaMemcpy2DAsync",
+                          "cudaMemcpyPeer", "cudaMemcpyPeerAsync"),
+    "cuda/memset_calls": ("cudaMemset", "cudaMemsetAsync", "cudaMemsetD8Async",
+                          "cudaMemsetD32Async"),
+    **{f"cuda/syncs/{name}": (name,) for name in (
+        "cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize")},
+}
+
+
+def _tensors(value: Any) -> Iterable[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
+
+
+def _nbytes(value: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in _tensors(value))
+
+
+def _device_kind(device: Any) -> str:
+    return "cpu" if torch.device(device).type == "cpu" else "device"
+
+
+class WorkCounter(TorchDispatchMode):
+    """Counts every operator call of the steps run under it (see module doc)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: Counter[str] = Counter()
+
+    def _count_copy(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        name = func._overloadpacket.__name__
+        if name == "_to_copy" and isinstance(out, torch.Tensor):
+            src, dst = args[0].device, out.device
+        elif name == "copy_" and len(args) >= 2 and isinstance(args[1], torch.Tensor):
+            src, dst = args[1].device, args[0].device
+        else:
+            return
+        direction = {("cpu", "device"): "h2d", ("device", "cpu"): "d2h"}.get(
+            (_device_kind(src), _device_kind(dst)))
+        if direction:
+            self.counts[f"copies/{direction}_calls"] += 1
+            self.counts[f"copies/{direction}_bytes"] += _nbytes(out if name == "_to_copy"
+                                                                else args[1])
+
+    def _count_collective(self, func: Any, args: tuple, kwargs: dict) -> None:
+        name = func._overloadpacket.__name__.strip("_")
+        values = {arg.name: (args[i] if i < len(args) else kwargs.get(arg.name))
+                  for i, arg in enumerate(func._schema.arguments)}
+        sent = next((values[k] for k in _SENT if values.get(k) is not None), None)
+        self.counts[f"collectives/{name}/calls"] += 1
+        self.counts[f"collectives/{name}/bytes"] += _nbytes(sent)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        packet = func._overloadpacket
+        self.counts[f"ops/{func.namespace}::{packet.__name__}"] += 1
+        if func.namespace == "c10d":
+            self._count_collective(func, args, kwargs)
+        elif func.namespace == "aten":
+            self._count_copy(func, args, kwargs, out)
+        formula = flop_registry.get(packet)
+        if formula is not None:
+            self.counts["flops"] += int(formula(*args, **kwargs, out_val=out))
+        return out
+
+
+def cuda_api_counts(events: Iterable[tuple[str, int]]) -> dict[str, int]:
+    """Runtime API calls by counter key, from (event name, count) pairs as
+    ``torch.profiler``'s ``key_averages()`` reports them."""
+    by_name = {name: key for key, names in CUDA_API.items() for name in names}
+    out = Counter({key: 0 for key in CUDA_API})
+    for name, count in events:
+        if name in by_name:
+            out[by_name[name]] += int(count)
+    return dict(out)
+
+
+def _count_step(step: Callable[[], Any], device: torch.device) -> dict[str, int]:
+    counter = WorkCounter()
+    if device.type != "cuda":
+        with counter:
+            step()
+        return dict(counter.counts)
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        with counter:
+            step()
+        torch.cuda.synchronize(device)
+    counts = dict(counter.counts)
+    counts.update(cuda_api_counts((e.key, e.count) for e in prof.key_averages()))
+    counts["memory/peak_allocated"] = int(torch.cuda.max_memory_allocated(device))
+    return counts
+
+
+def summarise_window(steps: list[dict[str, int]]) -> dict[str, Any]:
+    """One step's counters from a window's steps; a key whose count moved
+    between the window's steps is named ``unstable`` (and its median kept)."""
+    keys = sorted({k for step in steps for k in step})
+    per_step, unstable = {}, []
+    for key in keys:
+        values = sorted(step.get(key, 0) for step in steps)
+        per_step[key] = values[len(values) // 2]
+        if values[0] != values[-1] and counters.exact(key):
+            unstable.append(key)
+    return {"window_steps": len(steps), "per_step": per_step, "unstable": unstable}
+
+
+def count_window(step: Callable[[], Any], device: torch.device,
+                 steps: int = DEFAULT_WINDOW_STEPS) -> dict[str, Any]:
+    """Run ``step`` ``steps`` times, each counted on its own."""
+    return summarise_window([_count_step(step, device) for _ in range(steps)])
