@@ -1,4 +1,4 @@
-"""The ``perfsuite`` command: list, run, compare, baseline record, report, profile, overhead."""
+"""The ``perfsuite`` command: list, run, compare, ab, baseline record, report, profile, overhead."""
 
 from __future__ import annotations
 
@@ -156,6 +156,85 @@ def _cmd_overhead(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ab_cells(targets: list[str]) -> list[cells_mod.Cell]:
+    """Cell ids and tier names, in the order given, each cell once."""
+    ids = [t for t in targets if t not in cells_mod.TIERS]
+    by_id = {c.id: c for c in cells_mod.select(ids=ids)} if ids else {}  # names every unknown id
+    chosen: dict[str, cells_mod.Cell] = {}
+    for target in targets:
+        found = cells_mod.select(tier=target) if target in cells_mod.TIERS else [by_id[target]]
+        chosen.update((cell.id, cell) for cell in found)
+    return list(chosen.values())
+
+
+def _ab_side(args: argparse.Namespace, name: str, out: Path):
+    """Side A or B from its --X-python or --X-ref, and its --X-env."""
+    from perfsuite import ab
+
+    flag = name.lower()
+    python, ref = getattr(args, f"{flag}_python"), getattr(args, f"{flag}_ref")
+    env = ab.parse_env(getattr(args, f"{flag}_env"), f"--{flag}-env")
+    if python and ref:
+        raise ab.ABError(f"--{flag}-python and --{flag}-ref: a side is one or the other")
+    if not ref:
+        return ab.python_side(name, python or sys.executable, env)
+    side = ab.checkout_side(name, ref, args.repo.resolve(), out / "sides" / flag, env)
+    print(f"side {name}: {ref} ({side.commit[:12]}) set up in {side.setup_s:.1f} s "
+          "(git worktree, venv, pip install -e)", flush=True)
+    return side
+
+
+def _cmd_ab(args: argparse.Namespace) -> int:
+    import os
+    import time
+
+    from perfsuite import ab
+    from perfsuite.runner import handle_sigterm
+
+    default_out = Path(".perfsuite") / f"ab-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    out = (args.out or default_out).resolve()
+    try:
+        chosen = _ab_cells([*args.targets, *([args.tier] if args.tier else [])])
+        if not chosen:
+            raise ab.ABError("give cell ids or a tier (smoke, gate, full); `perfsuite list` "
+                             "prints ids")
+        ab.check_settings(args.tolerance, args.launch_statistic, args.max_launches)
+        if (out / "ab.json").exists():
+            raise ab.ABError(f"{out} already holds an A/B session (ab.json); choose another --out")
+        handle_sigterm()
+        sides = [_ab_side(args, name, out) for name in "AB"]
+        for side in sides:
+            ab.check_interpreter(side)
+            env = " ".join(f"{k}={v}" for k, v in side.env.items())
+            print(f"side {side.name}: {side.python} (torch {side.torch}, perfsuite from "
+                  f"{side.perfsuite}) env {env}", flush=True)
+    except ab.ABError as err:
+        print(f"perfsuite ab: {err}", file=sys.stderr)
+        return ab.EXIT_USAGE
+    except KeyboardInterrupt:
+        print("perfsuite ab: interrupted before the first launch", file=sys.stderr)
+        return ab.EXIT_INTERRUPTED
+    return ab.ABSession(chosen, *sides, out, tolerance=args.tolerance,
+                        statistic=args.launch_statistic, max_launches=args.max_launches,
+                        argv=sys.argv).run()
+
+
+AB_EPILOG = """\
+Launches alternate A B B A, A B B A, ... and are judged after every round
+once each side has 4; a cell stops when its verdict is same, regressed or
+improved, or at --max-launches a side (unknown). Writes OUT/ab.json (after
+every launch), ab.png and ab.html.
+
+exit codes:
+  0    no regression in any cell
+  1    a regression (step time, or another check of compare: memory,
+       accuracy, work counters), or a launch that failed
+  2    usage or environment error (nothing launched)
+  3    undecided: some cell unknown at the cap, none regressed
+  130  interrupted (Ctrl-C, SIGTERM); ab.json keeps every launch done
+"""
+
+
 LAUNCH_STATISTICS = ("median", "floor")
 LAUNCH_STATISTIC_HELP = ("what each of 4+ repeated launches contributes to the step-time verdict: "
                          "its median step, or its floor (fastest step) on a machine whose "
@@ -249,6 +328,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true",
                    help="go on from the trials a stopped run left in --work-dir")
     p.set_defaults(func=_cmd_detection)
+
+    p = sub.add_parser("ab", help="A/B: two interpreters, environments or git refs, launches "
+                                  "interleaved on this machine, B judged against A",
+                       epilog=AB_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("targets", nargs="*", metavar="CELL_OR_TIER",
+                   help="cell ids, or tier names (smoke, gate, full) for all their cells")
+    p.add_argument("--tier", choices=cells_mod.TIERS, help="every cell of a tier")
+    for side in ("a", "b"):
+        p.add_argument(f"--{side}-python", metavar="PY",
+                       help=f"interpreter of side {side.upper()} (default: this one)")
+        p.add_argument(f"--{side}-env", action="append", default=[], metavar="KEY=VALUE",
+                       help=f"environment variable for side {side.upper()}'s launches only")
+        p.add_argument(f"--{side}-ref", metavar="GIT_REF",
+                       help=f"side {side.upper()} from this ref of --repo: a worktree and a "
+                            "venv reusing this interpreter's packages, set up under OUT/sides/")
+    p.add_argument("--repo", type=Path, default=Path("."), help="git repository of the refs")
+    p.add_argument("--out", type=Path, help="output directory (default .perfsuite/ab-<time>-<pid>)")
+    p.add_argument("--max-launches", type=int, default=12, metavar="N",
+                   help="launches a side before a cell is left unknown (even, at least 4)")
+    p.add_argument("--tolerance", type=float, default=0.05)
+    p.add_argument("--launch-statistic", choices=LAUNCH_STATISTICS, default="floor",
+                   help=LAUNCH_STATISTIC_HELP)
+    p.set_defaults(func=_cmd_ab)
 
     p = sub.add_parser("overhead", help="the suite's own overhead on a training step")
     p.add_argument("--device", default="cpu")

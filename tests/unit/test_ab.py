@@ -1,0 +1,282 @@
+"""perfsuite ab: launches of two sides interleaved ABBA, judged after each round.
+
+Launches are stood in for by a fake ``run_cell`` (as in test_repeats) whose
+launches scatter in level and slow down on a side whose environment says
+so; one test launches a real tiny cell, one sets up sides from git refs."""
+
+import json
+import math
+import re
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from perfsuite import ab, cli
+from perfsuite.launch import LaunchOptions
+from perfsuite.report.ab import ab_section_html
+from tests.unit.cellkit import tiny_image_cell
+
+CPU_ENV = {"cpu_model": "AMD EPYC 9334", "cpu_cores": 2, "gpu_count": 0}
+SMOKE_CELL = "smoke/image/ddp-ds/c1/fp32/px32/nopin/nchw"
+
+
+class FakeLaunches:
+    """run_cell's stand-in. A side's env FAKE_SLOW=0.1 makes its steps 10 %
+    slower, FAKE_RSS=1.2 its peak memory 20 % larger; ``stop_at`` raises
+    KeyboardInterrupt at that launch (1-based), ``fail_at`` fails it."""
+
+    def __init__(self, seed=0, launch_sigma=0.01, stop_at=None, fail_at=None, ab_json=None):
+        self.rng = np.random.default_rng(seed)
+        self.launch_sigma, self.stop_at, self.fail_at = launch_sigma, stop_at, fail_at
+        self.ab_json = ab_json  # read at every launch: how many launches it held then
+        self.calls, self.launches_saved = [], []
+
+    def __call__(self, cell, out_dir, opts=None):
+        opts = opts or LaunchOptions()
+        self.calls.append((cell.id, out_dir, opts.python, dict(opts.env)))
+        if self.ab_json is not None:
+            saved = json.loads(self.ab_json.read_text()) if self.ab_json.exists() else {"cells": []}
+            self.launches_saved.append(sum(len(c["launches"]) for c in saved["cells"]))
+        if len(self.calls) == self.stop_at:
+            raise KeyboardInterrupt
+        base = {"id": cell.id, "params": cell.params(), "env": CPU_ENV, "checks": [],
+                "ranks": [], "dir": str(out_dir)}
+        if len(self.calls) == self.fail_at:
+            return {**base, "status": "error", "reason": "rank 0 failed: RuntimeError: boom",
+                    "metrics": {}}
+        slow = float(opts.env.get("FAKE_SLOW", 0))
+        level = 0.1 * math.exp(self.rng.normal(0, self.launch_sigma)) * (1 + slow)
+        samples = [float(x) for x in self.rng.lognormal(math.log(level), 0.01, 20)]
+        rss = 1e9 * float(opts.env.get("FAKE_RSS", 1))
+        return {**base, "status": "ok", "reason": None, "duration_s": 1.0,
+                "metrics": {"step_time": {"value": float(np.median(samples)), "unit": "s",
+                                          "samples": samples},
+                            "peak_rss": {"value": rss, "unit": "bytes"}}}
+
+    @property
+    def sides(self):
+        return "".join(out_dir.parent.name.upper() for _, out_dir, _, _ in self.calls)
+
+
+def fake_launches(monkeypatch, **kwargs):
+    launches = FakeLaunches(**kwargs)
+    monkeypatch.setattr("perfsuite.ab.run_cell", launches)
+    return launches
+
+
+def session(tmp_path, cells=None, a_env=None, b_env=None, **settings):
+    side_a = ab.Side("A", sys.executable, a_env or {})
+    side_b = ab.Side("B", sys.executable, b_env or {})
+    return ab.ABSession(cells or [tiny_image_cell(world_size=1)], side_a, side_b, tmp_path,
+                        log=lambda line: None, **settings)
+
+
+def saved(tmp_path):
+    return json.loads((tmp_path / "ab.json").read_text())
+
+
+def test_launches_alternate_abba_each_into_its_own_directory(tmp_path, monkeypatch):
+    fake = fake_launches(monkeypatch, launch_sigma=0.08, seed=1)
+    session(tmp_path, max_launches=8).run()
+    assert fake.sides == "ABBAABBAABBAABBA"[:len(fake.calls)] and len(fake.calls) >= 8
+    a_dirs = [out_dir for _, out_dir, _, _ in fake.calls if out_dir.parent.name == "a"]
+    assert a_dirs == [tmp_path / "launches" / "a" / f"launch{k}" for k in range(1, len(a_dirs) + 1)]
+    record = saved(tmp_path)["cells"][0]
+    assert [(x["side"], x["index"]) for x in record["launches"]][:4] == [
+        ("A", 1), ("B", 1), ("B", 2), ("A", 2)]
+    starts = [x["started"] for x in record["launches"]]
+    assert starts == sorted(starts)
+    assert all(len(x["samples"]) == 20 and x["value"] == min(x["samples"])
+               for x in record["launches"])
+
+
+def test_identical_sides_stop_as_soon_as_decided_same(tmp_path, monkeypatch):
+    fake = fake_launches(monkeypatch)
+    code = session(tmp_path, max_launches=12).run()
+    record = saved(tmp_path)["cells"][0]
+    assert record["verdict"] == "same" and code == ab.EXIT_OK
+    assert len(fake.calls) == 8 and record["n_a"] == record["n_b"] == 4  # the first verdict
+    assert [r["round"] for r in record["rounds"]] == [2]
+    assert record["ci_low"] >= 0.95 and record["ci_high"] <= 1.05
+
+
+def test_a_ten_percent_slowdown_on_side_b_is_regressed_with_exit_1(tmp_path, monkeypatch):
+    fake_launches(monkeypatch, launch_sigma=0.02)
+    code = session(tmp_path, b_env={"FAKE_SLOW": "0.1"}).run()
+    record = saved(tmp_path)["cells"][0]
+    assert record["verdict"] == "regressed" and code == ab.EXIT_REGRESSED
+    assert record["ratio"] == pytest.approx(1.1, rel=0.03) and record["ci_low"] > 1
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_identical_sides_are_never_called_regressed(tmp_path, monkeypatch, seed):
+    fake_launches(monkeypatch, seed=seed, launch_sigma=0.04)
+    code = session(tmp_path).run()
+    assert saved(tmp_path)["cells"][0]["verdict"] in ("same", "unknown")
+    assert code in (ab.EXIT_OK, ab.EXIT_UNDECIDED)
+
+
+def test_the_cap_leaves_unknown_with_the_interval_and_exit_3(tmp_path, monkeypatch):
+    fake = fake_launches(monkeypatch, launch_sigma=0.3, seed=2)
+    code = session(tmp_path, max_launches=6).run()
+    record = saved(tmp_path)["cells"][0]
+    assert record["verdict"] == "unknown" and code == ab.EXIT_UNDECIDED
+    assert len(fake.calls) == 12 and [r["round"] for r in record["rounds"]] == [2, 3]
+    assert record["ci_low"] < 1 < record["ci_high"]
+    assert "more launches (--max-launches 12) or a quieter machine" in record["reason"]
+    assert saved(tmp_path)["exit_code"] == 3
+
+
+def test_a_failed_launch_stops_its_cell_with_error_and_keeps_the_launches(tmp_path, monkeypatch):
+    fake = fake_launches(monkeypatch, fail_at=3)
+    cells = [tiny_image_cell(world_size=1), tiny_image_cell(world_size=1, max_steps=8)]
+    code = session(tmp_path, cells=cells).run()
+    first, second = saved(tmp_path)["cells"]
+    assert first["verdict"] == "error" and code == ab.EXIT_REGRESSED
+    assert "side B launch 2 ended error: rank 0 failed" in first["reason"]
+    assert [x["status"] for x in first["launches"]] == ["ok", "ok", "error"]
+    assert first["checks"] == []
+    assert second["verdict"] == "same" and len(fake.calls) == 3 + 8  # not retried; next cell ran
+
+
+def test_ab_json_is_rewritten_after_every_launch_and_kept_on_ctrl_c(tmp_path, monkeypatch):
+    fake = fake_launches(monkeypatch, stop_at=5, ab_json=tmp_path / "ab.json")
+    code = session(tmp_path).run()
+    assert code == ab.EXIT_INTERRUPTED
+    assert fake.launches_saved == [0, 1, 2, 3, 4]  # each launch saved before the next began
+    data = saved(tmp_path)
+    assert data["interrupted"] and data["exit_code"] == 130
+    record = data["cells"][0]
+    assert len(record["launches"]) == 4 and record["verdict"] == "interrupted"
+    assert (tmp_path / "ab.png").is_file() and (tmp_path / "ab.html").is_file()
+
+
+def test_other_checks_compare_a_with_b_and_a_regression_there_fails(tmp_path, monkeypatch):
+    fake_launches(monkeypatch)
+    lines = []
+    side_a, side_b = ab.Side("A", sys.executable), ab.Side("B", sys.executable, {"FAKE_RSS": "1.2"})
+    code = ab.ABSession([tiny_image_cell(world_size=1)], side_a, side_b, tmp_path,
+                        log=lines.append).run()
+    record = saved(tmp_path)["cells"][0]
+    assert record["verdict"] == "same" and code == ab.EXIT_REGRESSED
+    names = {c["name"]: c["verdict"] for c in record["checks"]}
+    assert names == {"peak_rss": "regressed"}  # step time judged by the rounds, not here
+    assert any(line.lstrip().startswith("peak_rss  REGRESSED") for line in lines)
+
+
+def test_terminal_shows_launches_rounds_and_the_summary(tmp_path, monkeypatch, capsys):
+    fake_launches(monkeypatch)
+    monkeypatch.setattr("perfsuite.ab.check_interpreter", lambda side: None)
+    code = cli.main(["ab", SMOKE_CELL, "--b-env", "FAKE_SLOW=0.1", "--max-launches", "4",
+                     "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert re.search(r"^  A 1 +\d+(\.\d+)? ms  \(\d+\.\d s\)$", out, re.M)
+    assert "  round 1: 2 vs 2 launches" in out and "  round 2: REGRESSED  ratio 1." in out
+    summary = next(line for line in out.splitlines() if line.startswith(SMOKE_CELL))
+    assert summary.startswith(f"{SMOKE_CELL}  REGRESSED  ratio 1.")
+    assert "(95 % CI " in summary and summary.endswith(", 4 vs 4 launches")
+    sides = saved(tmp_path)["settings"]["sides"]
+    assert sides["B"]["env"] == {"PYTHONSAFEPATH": "1", "FAKE_SLOW": "0.1"}
+    assert sides["A"]["python"] == sys.executable and sides["A"]["ref"] is None
+
+
+def test_the_report_section_has_a_table_per_cell_and_the_figure(tmp_path, monkeypatch):
+    fake_launches(monkeypatch)
+    session(tmp_path).run()
+    page = ab_section_html(saved(tmp_path), "ab.png")
+    assert "<h3>smoke/image/ddp-ds/c1/fp32/px16/nopin/nchw</h3>" in page
+    assert 'class="v-same"' in page and 'src="ab.png"' in page
+    assert (tmp_path / "ab.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--a-python", "/nonexistent/python"], "side A: no Python interpreter at /nonexistent/python"),
+    (["--b-env", "OMP_NUM_THREADS"], "--b-env 'OMP_NUM_THREADS': give KEY=VALUE"),
+    (["--max-launches", "5"], "--max-launches 5: give an even number of at least 4"),
+    (["--a-python", sys.executable, "--a-ref", "HEAD"], "a side is one or the other"),
+])
+def test_usage_errors_exit_2_with_a_sentence(tmp_path, capsys, argv, message):
+    code = cli.main(["ab", SMOKE_CELL, "--out", str(tmp_path), *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err
+    assert not (tmp_path / "ab.json").exists()
+
+
+def test_unknown_cell_ids_exit_2(tmp_path, capsys):
+    assert cli.main(["ab", "smoke/image/nope", SMOKE_CELL, "--out", str(tmp_path)]) == 2
+    assert "unknown cell id(s) ['smoke/image/nope']" in capsys.readouterr().err
+
+
+def test_an_interpreter_without_torch_and_perfsuite_is_refused(tmp_path, capsys):
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\necho 'ModuleNotFoundError: No module named torch' >&2\nexit 1\n")
+    python.chmod(0o755)
+    assert cli.main(["ab", SMOKE_CELL, "--b-python", str(python), "--out", str(tmp_path)]) == 2
+    assert "cannot import torch and perfsuite (ModuleNotFoundError" in capsys.readouterr().err
+
+
+def test_tiers_select_their_cells_once_each():
+    chosen = cli._ab_cells(["smoke", SMOKE_CELL])
+    assert len(chosen) == len({c.id for c in chosen}) and SMOKE_CELL in [c.id for c in chosen]
+
+
+def _git(repo, *argv):
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *argv],
+                   check=True, capture_output=True)
+
+
+@pytest.mark.slow
+def test_git_refs_become_sides_with_their_own_code_and_the_current_torch(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "abprobe").mkdir(parents=True)
+    (repo / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=68"]\nbuild-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "abprobe"\nversion = "0.1"\n')
+    _git(repo, "init", "-q")
+    for version in ("one", "two"):
+        (repo / "abprobe" / "__init__.py").write_text(f"VERSION = {version!r}\n")
+        _git(repo, "add", "-A")
+        _git(repo, "commit", "-qm", version)
+    started = time.monotonic()
+    side = ab.checkout_side("A", "HEAD~1", repo, tmp_path / "out" / "sides" / "a")
+    setup_s = time.monotonic() - started
+    probe = subprocess.run([side.python, "-c", "import abprobe, torch; print(abprobe.VERSION); "
+                            "print(abprobe.__file__); print(torch.__version__)"],
+                           capture_output=True, text=True, env={**side.env, "PATH": "/usr/bin:/bin"},
+                           cwd=repo)
+    version, path, torch_version = probe.stdout.split()
+    assert version == "one"  # HEAD~1, although the repository's own files say "two"
+    assert path == str(tmp_path / "out" / "sides" / "a" / "src" / "abprobe" / "__init__.py")
+    assert torch_version.startswith("2.")
+    assert side.commit == subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD~1"],
+                                         capture_output=True, text=True).stdout.strip()
+    assert 0 < side.setup_s <= setup_s + 0.01 and side.env == {"PYTHONSAFEPATH": "1"}
+    with pytest.raises(ab.ABError, match="already holds a side"):
+        ab.checkout_side("A", "HEAD", repo, tmp_path / "out" / "sides" / "a")
+    with pytest.raises(ab.ABError, match="--b-ref nope: finding the commit"):
+        ab.checkout_side("B", "nope", repo, tmp_path / "out" / "sides" / "b")
+
+
+@pytest.mark.slow
+def test_a_real_cell_measured_on_both_sides_in_abba_order(tmp_path):
+    sides = [ab.python_side("A", sys.executable),
+             ab.python_side("B", sys.executable, {"PERFSUITE_AB_TEST": "1"})]
+    for side in sides:
+        ab.check_interpreter(side)
+    started = time.monotonic()
+    code = ab.ABSession([tiny_image_cell(world_size=1, max_steps=6)], *sides, tmp_path,
+                        max_launches=4).run()
+    wall_s = time.monotonic() - started
+    record = saved(tmp_path)["cells"][0]
+    print(f"real A/B: {len(record['launches'])} launches in {wall_s:.0f} s, "
+          f"{record['verdict']} ratio {record['ratio']}")
+    assert [x["side"] for x in record["launches"]] == list("ABBAABBA")
+    assert all(x["status"] == "ok" and len(x["samples"]) == 4 and x["value"] > 0
+               for x in record["launches"])
+    assert record["verdict"] in ("same", "unknown", "improved", "regressed")
+    assert code in (0, 1, 3)
+    assert (tmp_path / "ab.png").is_file() and (tmp_path / "ab.html").is_file()
