@@ -187,6 +187,24 @@ def _failure(cell: Cell, directory: Path, records: list[dict | None], log_text: 
     return "error", reason, facts
 
 
+def timeline(started: float, ended: float, record: dict | None,
+             result: dict[str, Any]) -> dict[str, float] | None:
+    """Where a launch's wall time went (seconds), from rank 0's record: the
+    torchrun agent and the rank's imports, the workload's import, its set-up,
+    training, the counting window, the rest of the workload (evaluation,
+    teardown), and the exit of the rank and the agent."""
+    if not record or not record.get("finished"):
+        return None
+    imported = record.get("workload_imported") or record["started"]
+    training = ((result.get("metrics") or {}).get("total_time") or {}).get("value") or 0.0
+    counting = (result.get("info") or {}).get("count_window_s") or 0.0
+    workload = record["finished"] - imported
+    return {"wall": ended - started, "start_and_imports": record["started"] - started,
+            "workload_import": imported - record["started"], "training": training,
+            "counting": counting, "workload_other": workload - training - counting,
+            "exit": ended - record["finished"]}
+
+
 def run_cell(cell: Cell, out_dir: Path, opts: LaunchOptions | None = None) -> dict[str, Any]:
     """Run ``cell`` and return its result (a dict in the results schema)."""
     opts = opts or LaunchOptions()
@@ -252,6 +270,7 @@ def run_cell(cell: Cell, out_dir: Path, opts: LaunchOptions | None = None) -> di
         result["output_tail"] = log_text[-OUTPUT_TAIL_CHARS:]
     result["argv"] = argv
     result["dir"] = str(directory)
+    result["timeline"] = timeline(started, time.time(), records[0] if records else None, result)
     if profiler != "off":
         _attach_profile(result, profiler, profiler_note, directory / "profile")
     atomic_write_json(directory / "result.json", result)
