@@ -72,7 +72,7 @@ def _load_run(path: Path) -> dict:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from perfsuite.checks import compare_runs
+    from perfsuite.comparing import compare_runs
 
     verdicts = compare_runs(_load_run(args.run_a), _load_run(args.run_b),
                             tolerance=args.tolerance, confidence=args.confidence,
