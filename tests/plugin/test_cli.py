@@ -11,11 +11,14 @@ ENV = {"cpu_model": "Test CPU", "cpu_cores": 2, "gpu_count": 0, "torch": "2.14.0
 CELL = cells.get("smoke/image/ddp/c2/fp32/px32/nopin/nchw")
 
 
-def write_run(path, factor, seed=0):
+def write_run(path, factor, seed=0, launches=1):
     rng = random.Random(seed)
-    samples = [factor * (0.1 + rng.gauss(0, 0.002)) for _ in range(30)]
+    per_launch = [[factor * (0.1 + rng.gauss(0, 0.002)) for _ in range(30)] for _ in range(launches)]
+    samples = [x for launch in per_launch for x in launch]
+    step_time = {"value": sorted(samples)[15], "unit": "s", "samples": samples,
+                 **({"launches": per_launch} if launches > 1 else {})}
     cell = {"id": CELL.id, "params": CELL.params(), "status": "ok", "reason": None, "env": ENV,
-            "metrics": {"step_time": {"value": sorted(samples)[15], "unit": "s", "samples": samples},
+            "metrics": {"step_time": step_time,
                         "throughput": {"value": 320.0, "unit": "images/s"},
                         "peak_rss": {"value": 1e9, "unit": "bytes"},
                         "accuracy": {"value": 0.5, "unit": "fraction"}},
@@ -27,11 +30,18 @@ def write_run(path, factor, seed=0):
 
 
 def test_compare_flags_a_slower_run(tmp_path, capsys):
-    a = write_run(tmp_path / "a", 1.0)
-    assert main(["compare", str(a), str(write_run(tmp_path / "b", 1.0, seed=1))]) == 0
-    assert main(["compare", str(a), str(write_run(tmp_path / "c", 1.25, seed=2))]) == 1
+    a = write_run(tmp_path / "a", 1.0, launches=4)
+    assert main(["compare", str(a), str(write_run(tmp_path / "b", 1.0, seed=1, launches=4))]) == 0
+    assert main(["compare", str(a), str(write_run(tmp_path / "c", 1.25, seed=2, launches=4))]) == 1
     out = capsys.readouterr().out
     assert "REGRESSED" in out and CELL.id in out
+
+
+def test_compare_of_one_launch_a_side_says_it_cannot_tell(tmp_path, capsys):
+    a = write_run(tmp_path / "a", 1.6)  # the baseline launch ran in a busy minute
+    assert main(["compare", str(a), str(write_run(tmp_path / "c", 1.15, seed=2))]) == 0
+    out = capsys.readouterr().out
+    assert "IMPROVED" not in out and "UNKNOWN" in out and "perfsuite ab" in out
 
 
 def test_baseline_record_writes_then_refuses_another_profile(tmp_path, capsys):

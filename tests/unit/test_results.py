@@ -98,7 +98,7 @@ def test_repeated_launches_keep_their_samples_apart():
     assert step["launch_medians"] == [1.1, 2.1, 3.1] and step["n"] == 9
     assert step["samples"] == [1.0, 1.2, 1.1, 2.0, 2.2, 2.1, 3.0, 3.2, 3.1]
     assert step["median"] == 2.1 and step["value"] == 2.1
-    assert merged["metrics"]["peak_rss"]["value"] == 7  # a peak: the highest launch
+    assert merged["metrics"]["peak_rss"]["value"] == 6  # the median launch, peaks too: a cold first launch fills caches
     assert merged["metrics"]["throughput"]["value"] == 20  # others: the median launch
     assert merged["repeats"] == 3 and merged["duration_s"] == 6.0
 
