@@ -173,6 +173,53 @@ def load_matrix(paths: Iterable[Path] | None = None) -> dict[str, Cell]:
     return matrix
 
 
+@dataclass(frozen=True)
+class Finding:
+    """A paper's finding as a ratio between two cells: ``subject`` cells (those
+    whose parameters include these) against their twin with ``twin`` changed.
+    ``metric`` "speedup" is throughput(subject) / throughput(twin), judged
+    within [low, high]; ``devices`` are where it holds (measured, in ``measured``)."""
+
+    name: str
+    source: str
+    subject: dict[str, Any]
+    twin: dict[str, Any]
+    low: float | None = None
+    high: float | None = None
+    devices: tuple[str, ...] = DEVICES
+    metric: str = "speedup"
+    measured: str = ""
+
+    def applies(self, params: dict[str, Any]) -> bool:
+        return (params.get("device") in self.devices
+                and all(params.get(k) == v for k, v in self.subject.items())
+                and any(params.get(k) != v for k, v in self.twin.items()))
+
+
+def load_findings(paths: Iterable[Path] | None = None) -> list[Finding]:
+    """Every ``[[finding]]`` of the experiment files, validated."""
+    paths = sorted(EXPERIMENTS_DIR.glob("*.toml")) if paths is None else list(paths)
+    known = {f.name for f in dataclasses.fields(Cell)}
+    out = []
+    for path in paths:
+        for entry in tomllib.loads(Path(path).read_text()).get("finding", []):
+            try:
+                finding = Finding(**{**entry, "devices": tuple(entry.get("devices", DEVICES))})
+            except TypeError as err:
+                raise CellError(f"{path}: finding {entry.get('name')!r}: {err}") from None
+            bad = sorted((set(finding.subject) | set(finding.twin)) - known)
+            if bad or finding.metric != "speedup" or finding.low is None and finding.high is None:
+                raise CellError(f"{path}: finding {finding.name!r}: subject and twin take cell "
+                                f"parameters (not {bad}), metric 'speedup', and low or high")
+            out.append(finding)
+    return out
+
+
+@lru_cache(maxsize=1)
+def findings() -> tuple[Finding, ...]:
+    return tuple(load_findings())
+
+
 @lru_cache(maxsize=1)
 def matrix() -> dict[str, Cell]:
     return load_matrix()

@@ -335,6 +335,21 @@ class StepTimeRatio(CrossCellRatio):
                                            confidence=self.confidence)
 
 
+class FindingRatio(CrossCellRatio):
+    """A finding of the experiment data (``perfsuite.cells.Finding``): the
+    subject's throughput over its twin's, within the finding's range."""
+
+    def __init__(self, finding: Any, confidence: float = stats.DEFAULT_CONFIDENCE) -> None:
+        self.finding = finding
+        self.twin_overrides = dict(finding.twin)
+        super().__init__(Expectation("speedup", None, finding.low, finding.high, 0.0,
+                                     better="higher", source=finding.source),
+                         confidence=confidence, name=f"finding.{finding.name}")
+
+    def applies(self, params: Mapping[str, Any]) -> bool:
+        return self.finding.applies(dict(params))
+
+
 class WorkCountersUnchanged:
     """The work counters of a cell's step against recorded ones: exact (a
     per-counter tolerance only where the baseline gives one), so one launch

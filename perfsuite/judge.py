@@ -92,14 +92,16 @@ UNTRUSTWORTHY = "untrustworthy"
 
 def baseline_checks(cell: Cell, result: dict[str, Any], twin_of, sets: list) -> list[dict]:
     """Checks against stored baselines; cross-cell ones get their twin's result."""
-    from perfsuite.checks import checks_for
+    from perfsuite.cells import findings
+    from perfsuite.checks import FindingRatio, checks_for
     from perfsuite.hardware import profile_id
 
     profile = profile_id(result.get("env") or {}) if result.get("env") else None
     out = []
     # A profiled cell's steps carry the profiler's cost: no ratio with other cells.
+    found = [FindingRatio(f) for f in findings() if not cell.profile and f.applies(cell.params())]
     for check in checks_for(cell.params(), profile, sets=sets, cross_cell=not cell.profile,
-                            env=result.get("env") or {}):
+                            env=result.get("env") or {}) + found:
         twin = None
         if hasattr(check, "twin_params"):
             twin = twin_of(check.twin_params(cell.params()))

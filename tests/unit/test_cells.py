@@ -120,3 +120,18 @@ def test_malformed_experiment_file_is_named(tmp_path):
     path.write_text("[[experiment]\nname=")
     with pytest.raises(CellError, match="broken.toml"):
         cells.load_matrix([path])
+
+
+def test_findings_are_data_and_say_where_they_hold(tmp_path):
+    found = {f.name: f for f in cells.findings()}
+    fp64 = found["fp32-faster-than-fp64"]
+    assert fp64.devices == ("cpu", "cuda") and fp64.low == 1.3 and "2503.15252" in fp64.source
+    subject = cells.get("smoke/image/ddp-ds/c2/fp32/px32/nopin/nchw")
+    assert fp64.applies(subject.params())
+    assert not fp64.applies(cells.get("smoke/image/ddp-ds/c2/fp64/px32/nopin/nchw").params())
+    assert not fp64.applies(subject.replace(profile=True).params())
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[finding]]\nname = "x"\nsource = "s"\nsubject = {colour = "red"}\n'
+                   'twin = {precision = "fp64"}\nlow = 1.0\n')
+    with pytest.raises(cells.CellError, match="finding 'x'.*not \\['colour'\\]"):
+        cells.load_findings([bad])

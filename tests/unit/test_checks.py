@@ -288,3 +288,17 @@ def test_compare_of_one_launch_a_side_never_claims_a_direction():
     busy, slowed = run(result(0.16, seed=1, cell_id="c1")), run(result(0.115, seed=2, cell_id="c1"))
     check = {v["name"]: v for v in compare_runs(busy, slowed)}["step_time"]
     assert check["verdict"] == "unknown" and stats.DRIFT_UNKNOWN in check["message"]
+
+
+def test_a_finding_of_the_experiment_data_is_judged_across_two_cells():
+    from perfsuite.cells import Finding
+
+    finding = Finding("fp32-faster", "paper", {"precision": "fp32"}, {"precision": "fp64"}, low=1.3)
+    check = ck.FindingRatio(finding)
+    fp32 = result(0.10, world_size=2, seed=1)
+    assert check.applies(fp32["params"]) and check.twin_params(fp32["params"])["precision"] == "fp64"
+    passed = check.evaluate(fp32, result(0.20, world_size=2, precision="fp64", seed=2))
+    assert passed.verdict == "pass" and passed.name == "finding.fp32-faster"
+    assert passed.observed == pytest.approx(2.0, rel=0.05)
+    failed = check.evaluate(fp32, result(0.11, world_size=2, precision="fp64", seed=3))
+    assert failed.verdict == "fail" and "expected within [1.3" in failed.message
