@@ -70,13 +70,15 @@ class Side:
     setup_s: float | None = None  # git worktree + venv + editable install
     torch: str | None = None
     perfsuite: str | None = None  # the package directory this side imports
+    workload_options: dict[str, str] = field(default_factory=dict)  # e.g. an injected fault
 
     @property
     def label(self) -> str:
         return self.name.lower()
 
     def options(self) -> LaunchOptions:
-        return LaunchOptions(python=self.python, env=dict(self.env))
+        return LaunchOptions(python=self.python, env=dict(self.env),
+                             options=dict(self.workload_options))
 
 
 def parse_env(entries: list[str], flag: str) -> dict[str, str]:

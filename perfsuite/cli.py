@@ -122,8 +122,30 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
 
 def _cmd_detection(args: argparse.Namespace) -> int:
-    from perfsuite.detection import measure_detection
+    from perfsuite.detection import measure_ab_detection, measure_counter_detection, measure_detection
 
+    if args.ab:
+        out = measure_ab_detection(trials=args.trials, cell_id=args.cell, steps=args.steps,
+                                   max_launches=args.max_launches, work_dir=args.work_dir)
+        print(json.dumps(out, indent=1))
+        n = out["trials"]
+        print(f"perfsuite ab, unchanged B called regressed: {out['false_alarms']}/{n} (goal <= 1/20)")
+        print(f"perfsuite ab, 10% slower B called regressed: {out['caught_10']}/{n} (goal >= 19/20)")
+        print(f"perfsuite ab,  5% slower B called regressed: {out['caught_5']}/{n} (goal >= 16/20)")
+        print(f"median wall time per A/B session: {out['median_seconds']} (goal <= 180 s)")
+        return 0
+    if args.counters:
+        out = measure_counter_detection(trials=args.trials, cell_id=args.cell,
+                                        work_dir=args.work_dir)
+        print(json.dumps(out, indent=1))
+        n = out["trials"]
+        print(f"unchanged code passed the counter check:  {out['unchanged_passed']}/{n} (goal 20/20)")
+        print(f"one extra all-reduce per step failed it:   {out['allreduce_failed']}/{n} (goal 20/20)")
+        print(f"one extra copy of every parameter failed: {out['copy_failed']}/{n} (goal 20/20)")
+        print(f"counting window: {out['window_overhead']:+.1%} of a launch's wall time "
+              f"(median {out['wall_median_s']['counted']} s vs {out['wall_median_s']['bare']} s "
+              "without; goal <= +10 %)")
+        return 0
     try:
         out = measure_detection(trials=args.trials, cell_id=args.cell, steps=args.steps,
                                 launches=args.launches,
@@ -327,6 +349,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where the launches and detection.json go (default: a new temp dir)")
     p.add_argument("--resume", action="store_true",
                    help="go on from the trials a stopped run left in --work-dir")
+    p.add_argument("--ab", action="store_true",
+                   help="perfsuite ab judged on itself: side B unchanged, 10 %% and 5 %% slower, "
+                        "one A/B session each per trial")
+    p.add_argument("--max-launches", type=int, default=12,
+                   help="with --ab: launches a side before an A/B session says unknown")
+    p.add_argument("--counters", action="store_true",
+                   help="the work counters instead: single launches with one extra all-reduce or "
+                        "one extra copy of every parameter per step against an unchanged baseline, "
+                        "and the counting window's share of a launch's wall time")
     p.set_defaults(func=_cmd_detection)
 
     p = sub.add_parser("ab", help="A/B: two interpreters, environments or git refs, launches "

@@ -163,3 +163,69 @@ def count_window(step: Callable[[], Any], device: torch.device,
                  steps: int = DEFAULT_WINDOW_STEPS) -> dict[str, Any]:
     """Run ``step`` ``steps`` times, each counted on its own."""
     return summarise_window([_count_step(step, device) for _ in range(steps)])
+
+
+class OptimizerStepWindow:
+    """The counting window for training loops that are not the suite's own
+    (torchtune's recipes): a step ends where an optimizer step ends, so the
+    ``steps`` steps after the ``start``-th optimizer step are counted, each on
+    its own, through torch's global optimizer step hook, on every rank.
+
+    On CUDA a profiler spans the window; its runtime API calls and the peak
+    allocated are divided evenly over the window's steps.
+    """
+
+    def __init__(self, start: int, steps: int, device: torch.device) -> None:
+        self.start, self.steps, self.device = start, steps, device
+        self.seen = 0
+        self.counter: WorkCounter | None = None
+        self.per_step: list[dict[str, int]] = []
+        self._profile: Any = None
+
+    def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.seen += 1
+        if self.counter is not None:
+            self.counter.__exit__(None, None, None)
+            self.per_step.append(dict(self.counter.counts))
+            self.counter = None
+        if self.start <= self.seen < self.start + self.steps:
+            if self._profile is None and self.device.type == "cuda":
+                from torch.profiler import ProfilerActivity, profile
+
+                torch.cuda.synchronize(self.device)
+                torch.cuda.reset_peak_memory_stats(self.device)
+                self._profile = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+                self._profile.start()
+            self.counter = WorkCounter()
+            self.counter.__enter__()
+        elif self._profile is not None and self.seen == self.start + self.steps:
+            torch.cuda.synchronize(self.device)
+            self._profile.stop()
+            self._cuda_facts()
+
+    def _cuda_facts(self) -> None:
+        counted = len(self.per_step) or 1
+        totals = cuda_api_counts((e.key, e.count) for e in self._profile.key_averages())
+        peak = int(torch.cuda.max_memory_allocated(self.device))
+        for step in self.per_step:
+            step.update({k: v / counted for k, v in totals.items()},
+                        **{"memory/peak_allocated": peak})
+        self._profile = None
+
+    def __enter__(self) -> OptimizerStepWindow:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        self._handle = register_optimizer_step_post_hook(self._after_step)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._handle.remove()
+        if self.counter is not None:  # a step the loop never finished: not counted
+            self.counter.__exit__(None, None, None)
+            self.counter = None
+        if self._profile is not None:
+            self._profile.stop()
+            self._profile = None
+
+    def result(self) -> dict[str, Any] | None:
+        return summarise_window(self.per_step) if self.per_step else None

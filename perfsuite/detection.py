@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -32,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from perfsuite import cells, stats
-from perfsuite.baselines import load_all
+from perfsuite.baselines import find_counters, load_all
 from perfsuite.fsutil import atomic_write_json
 from perfsuite.judge import judge, needs_more_steps
 from perfsuite.launch import LaunchOptions, run_cell
@@ -232,3 +233,105 @@ def measure_detection(trials: int = 20, cell_id: str = DEFAULT_CELL, steps: int 
         atomic_write_json(summary_path, {**summarize(settings, records, trials),
                                          "work_dir": str(work)})
     return {**summarize(settings, records, trials), "work_dir": str(work)}
+
+
+# The work counters' own detection test: injected faults that change what a
+# step does (faults.py), each launched once and judged alone.
+COUNTER_CONDITIONS = {"unchanged": "", "extra allreduce": "allreduce:*:0",
+                      "extra copy": "copy:*:0"}
+
+
+def measure_counter_detection(trials: int = 20, cell_id: str = DEFAULT_CELL,
+                              work_dir: Path | None = None,
+                              log=lambda line: print(line, flush=True)) -> dict[str, Any]:
+    """One unchanged launch recorded as the baseline; then per trial one
+    single launch of each condition judged by the work-counter check, and
+    one launch without a counting window (``count_steps=0``) beside an
+    unchanged one, for the window's share of a launch's wall time."""
+    from perfsuite.checks import WorkCountersUnchanged
+
+    cell = cells.get(cell_id)
+    work = Path(work_dir or tempfile.mkdtemp(prefix="perfsuite-counters-"))
+    reference = run_cell(cell, work / "reference", LaunchOptions())
+    if reference["status"] != "ok":
+        raise RuntimeError(f"reference launch of {cell.id}: {reference.get('reason')}")
+    record_run({"schema": SCHEMA, "env": reference["env"], "cells": [reference]},
+               root=work / "baselines")
+    sets = load_all(work / "baselines")
+    verdicts: dict[str, Counter] = {name: Counter() for name in COUNTER_CONDITIONS}
+    walls: dict[str, list[float]] = {"counted": [], "bare": []}
+    order = [*COUNTER_CONDITIONS, "bare"]
+    for trial in range(trials):
+        for group in order[trial % len(order):] + order[:trial % len(order)]:
+            fault = COUNTER_CONDITIONS.get(group, "")
+            options = {"fault": fault} if fault else {}
+            if group == "bare":
+                options["count_steps"] = "0"
+            result = run_cell(cell, work / f"trial{trial}" / _label(group),
+                              LaunchOptions(options=options))
+            if result["status"] != "ok":
+                raise RuntimeError(f"{group} launch of {cell.id}: {result.get('reason')}")
+            if group in ("unchanged", "bare"):
+                walls["counted" if group == "unchanged" else "bare"].append(
+                    result["timeline"]["wall"])
+            if group == "bare":
+                continue
+            found, why = find_counters(cell.params(), result["env"], sets)
+            check = WorkCountersUnchanged(found, why).evaluate(result)
+            verdicts[group][check.verdict] += 1
+            log(f"trial {trial + 1}/{trials} {group:<15} -> {check.verdict}: {check.message[:160]}")
+    overhead = float(np.median(walls["counted"]) / np.median(walls["bare"]) - 1.0)
+    return {"cell": cell.id, "trials": trials, "work_dir": str(work),
+            "verdicts": {k: dict(v) for k, v in verdicts.items()},
+            "unchanged_passed": verdicts["unchanged"]["pass"],
+            "allreduce_failed": verdicts["extra allreduce"]["fail"],
+            "copy_failed": verdicts["extra copy"]["fail"],
+            "wall_median_s": {k: round(float(np.median(v)), 2) for k, v in walls.items()},
+            "window_overhead": round(overhead, 4)}
+
+
+def measure_ab_detection(trials: int = 20, cell_id: str = DEFAULT_CELL, steps: int = 40,
+                         max_launches: int = 12, work_dir: Path | None = None,
+                         log=lambda line: print(line, flush=True)) -> dict[str, Any]:
+    """``perfsuite ab`` judged on itself: per trial, one A/B session per
+    condition, side B the same interpreter with every training step slowed
+    by 10 % or 5 % (or unchanged), launches interleaved ABBA until decided."""
+    from perfsuite.ab import ABSession, python_side
+
+    cell = cells.get(cell_id).replace(max_steps=steps)
+    work = Path(work_dir or tempfile.mkdtemp(prefix="perfsuite-ab-detection-"))
+    records: list[dict[str, Any]] = []
+    for trial in range(trials):
+        record: dict[str, Any] = {"trial": trial, "conditions": {}}
+        for name, slowdown in CONDITIONS.items():
+            side_b = python_side("B", sys.executable)
+            if slowdown:
+                side_b.workload_options = {"fault": f"slow:*:0:{slowdown}"}
+            started = time.time()
+            session = ABSession([cell], python_side("A", sys.executable), side_b,
+                                work / f"trial{trial}" / _label(name),
+                                max_launches=max_launches, log=lambda line: None)
+            session.run()
+            (judged,) = session.data["cells"]
+            record["conditions"][name] = {
+                "verdict": judged["verdict"], "ratio": judged.get("ratio"),
+                "ci_low": judged.get("ci_low"), "ci_high": judged.get("ci_high"),
+                "launches": judged["n_a"] + judged["n_b"],
+                "seconds": round(time.time() - started, 1)}
+            log(f"trial {trial + 1}/{trials} {name:<9} -> {judged['verdict']} "
+                f"(ratio {judged.get('ratio')}, {judged['n_b']} vs {judged['n_a']} launches, "
+                f"{time.time() - started:.0f} s)")
+        records.append(record)
+        atomic_write_json(work / "ab-detection.json", {"cell": cell.id, "trials": records})
+    called = {name: Counter(r["conditions"][name]["verdict"] for r in records)
+              for name in CONDITIONS}
+    return {"cell": cell.id, "steps": steps, "max_launches": max_launches,
+            "trials": len(records), "work_dir": str(work),
+            "verdicts": {k: dict(v) for k, v in called.items()},
+            "false_alarms": called["unchanged"]["regressed"],
+            "caught_10": called["slow 10%"]["regressed"],
+            "caught_5": called["slow 5%"]["regressed"],
+            "median_seconds": {name: float(np.median([r["conditions"][name]["seconds"]
+                                                      for r in records])) for name in CONDITIONS},
+            "median_launches": {name: float(np.median([r["conditions"][name]["launches"]
+                                                       for r in records])) for name in CONDITIONS}}

@@ -9,7 +9,7 @@ interval of the ratio new/base and one of four verdicts:
   matter);
 - ``improved``: the same on the good side;
 - ``same``: the whole interval lies within ``[1 - tolerance, 1 + tolerance]``;
-- ``unknown``: anything else; the caller measures again with more steps.
+- ``unknown``: anything else; the caller measures again (more launches) or says what would decide.
 
 Asking the whole interval to clear the tolerance instead needs an interval
 narrower than (change - tolerance): resampling launch floors measured on

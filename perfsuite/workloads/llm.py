@@ -105,16 +105,32 @@ def _step_profiler(cell: Any, ctx: Any):
                                  cuda=cell.device == "cuda")
 
 
+def counting_steps(cell: Any, options: dict[str, str]) -> int:
+    """Steps of the counting window: after the cell's own steps, so the recipe
+    runs that many more (and one between, uncounted, so no timed step's end
+    falls inside the window). A recipe caps steps per epoch, so only
+    one-epoch cells with a step cap get a window."""
+    from perfsuite.counting import DEFAULT_WINDOW_STEPS
+
+    if cell.epochs != 1 or cell.max_steps <= 0:
+        return 0
+    return int(options.get("count_steps", DEFAULT_WINDOW_STEPS))
+
+
 def run(cell: Any, ctx: Any) -> dict[str, Any]:
     """Run ``cell`` on this rank; returns metrics, measured steps and info."""
     import torch
+
+    from perfsuite.counting import OptimizerStepWindow
 
     if ctx.world_size != cell.world_size:
         raise ValueError(f"cell {cell.id} wants {cell.world_size} ranks, launched with "
                          f"{ctx.world_size}")
     if cell.device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(f"cell {cell.id} needs CUDA, and torch sees no GPU")
-    plan = llm_config.build_plan(cell, ctx.rank, ctx.world_size, Path(ctx.out_dir),
+    window = counting_steps(cell, ctx.options)
+    ran = cell.replace(max_steps=cell.max_steps + window + 1) if window else cell
+    plan = llm_config.build_plan(ran, ctx.rank, ctx.world_size, Path(ctx.out_dir),
                                  dict(ctx.options), ctx.cache_dir,
                                  seed=getattr(ctx, "seed", 0))
     llm_config.write_config(plan)
@@ -125,11 +141,14 @@ def run(cell: Any, ctx: Any) -> dict[str, Any]:
     with llm_compat.recipe_compat(recipe, cell.device, cell.strategy,
                                   plan.distributed) as patched, \
             llm_probe.observe(recipe, cell.pin_memory) as probe, \
-            profiler, llm_probe.stepping(profiler.step):
+            profiler, llm_probe.stepping(profiler.step), \
+            OptimizerStepWindow(cell.max_steps + 1, window, torch.device(ctx.device)) as counted:
         run_recipe(recipe, plan.config_path)
     summary = profiler.summary()
-    step_log = llm_probe.read_step_log(plan.step_log)
-    batches = llm_probe.trained_batches(list(llm_probe.BATCHES), cell.epochs, cell.max_steps)
+    # the steps after the cell's own ran for the counting window: not timed
+    step_log = llm_probe.read_step_log(plan.step_log)[:cell.max_steps if window else None]
+    batches = llm_probe.trained_batches(list(llm_probe.BATCHES), ran.epochs,
+                                        ran.max_steps)[:cell.max_steps if window else None]
     facts = model_facts(plan)
     metrics, steps, measured_info = llm_metrics.summarise(
         technique=cell.strategy, recipe=plan.recipe, device=torch.device(ctx.device),
@@ -138,8 +157,8 @@ def run(cell: Any, ctx: Any) -> dict[str, Any]:
     info = {**plan.info, **measured_info, **probe, "model_params": facts["params"],
             "trainable_params": facts["trainable_params"], "config_file": str(plan.config_path),
             "step_log": str(plan.step_log) if step_log else None,
-            "compat_patches": patched,
+            "compat_patches": patched, "count_window_steps": window,
             "saves_checkpoint": "SkipSave" not in plan.config["checkpointer"]["_component_"]}
-    return {"metrics": metrics, "steps": steps, "info": info,
+    return {"metrics": metrics, "steps": steps, "info": info, "counters": counted.result(),
             "profile": summary.to_dict() if summary else None}
 

@@ -48,6 +48,9 @@ class FakeLaunches:
             return {**base, "status": "error", "reason": "rank 0 failed: RuntimeError: boom",
                     "metrics": {}}
         slow = float(opts.env.get("FAKE_SLOW", 0))
+        fault = opts.options.get("fault", "")  # the detection benchmark's injected slowdown
+        if fault.startswith("slow"):
+            slow = float(fault.split(":")[3])
         level = 0.1 * math.exp(self.rng.normal(0, self.launch_sigma)) * (1 + slow)
         samples = [float(x) for x in self.rng.lognormal(math.log(level), 0.01, 20)]
         rss = 1e9 * float(opts.env.get("FAKE_RSS", 1))
@@ -280,3 +283,19 @@ def test_a_real_cell_measured_on_both_sides_in_abba_order(tmp_path):
     assert record["verdict"] in ("same", "unknown", "improved", "regressed")
     assert code in (0, 1, 3)
     assert (tmp_path / "ab.png").is_file() and (tmp_path / "ab.html").is_file()
+
+
+def test_the_detection_benchmark_judges_ab_on_itself(tmp_path, monkeypatch):
+    """`perfsuite detection --ab`: per trial an A/B session per condition,
+    side B slowed by the injected fault (stood in for by the fake)."""
+    from perfsuite import detection
+
+    fake_launches(monkeypatch)
+    out = detection.measure_ab_detection(trials=2, work_dir=tmp_path, log=lambda line: None)
+    assert out["caught_10"] == 2 and out["false_alarms"] == 0
+    assert sum(out["verdicts"]["slow 5%"].values()) == 2  # 5 % sits on the 5 % tolerance
+    assert set(out["median_seconds"]) == set(detection.CONDITIONS)
+    saved = json.loads((tmp_path / "ab-detection.json").read_text())
+    assert len(saved["trials"]) == 2 and saved["cell"].endswith("nopin/nchw")
+    slowed = json.loads((tmp_path / "trial0" / "slow10" / "ab.json").read_text())
+    assert slowed["settings"]["sides"]["B"]["workload_options"] == {"fault": "slow:*:0:0.1"}

@@ -118,3 +118,32 @@ def test_compare_runs_diffs_counters_across_hardware():
     unstable = run(cell({**STEP, "ops/aten::copy_": 472}, unstable=["ops/aten::copy_"]))
     check = {v["name"]: v for v in compare_runs(a, unstable)}["work_counters"]
     assert check["verdict"] == "pass" and "unstable" in check["message"]
+
+
+def test_the_counter_detection_benchmark_judges_single_launches(tmp_path, monkeypatch):
+    """Launches stood in for: the faults change the counts as the real ones do."""
+    from perfsuite import detection
+
+    launched = []
+
+    def fake_run_cell(cell, out_dir, opts):
+        fault, window = opts.options.get("fault", ""), opts.options.get("count_steps")
+        launched.append((fault, window))
+        step = dict(STEP)
+        if fault.startswith("allreduce"):
+            step["collectives/allreduce/calls"] += 1
+            step["collectives/allreduce/bytes"] += 16
+        if fault.startswith("copy"):
+            step["ops/aten::clone"] = 158
+        result = cell_result_of(cell, step)
+        result["timeline"] = {"wall": 10.0 if window == "0" else 10.5}
+        return result
+
+    def cell_result_of(c, step):
+        return {**cell(step), "id": c.id, "params": c.params()}
+
+    monkeypatch.setattr(detection, "run_cell", fake_run_cell)
+    out = detection.measure_counter_detection(trials=3, work_dir=tmp_path, log=lambda line: None)
+    assert out["unchanged_passed"] == out["allreduce_failed"] == out["copy_failed"] == 3
+    assert out["window_overhead"] == pytest.approx(0.05)
+    assert len(launched) == 1 + 3 * 4 and ("", "0") in launched

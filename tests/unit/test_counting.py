@@ -147,3 +147,20 @@ def test_a_real_launch_with_one_extra_allreduce_per_step_fails_against_the_uncha
     check = next(v for v in compare_runs(*results) if v["name"] == WorkCountersUnchanged.name)
     assert check["verdict"] == "fail"
     assert "c10d allreduce per step 4 -> 6 (+32 B)" in check["message"], check["message"]
+
+
+def test_a_loop_that_is_not_ours_is_counted_between_optimizer_steps():
+    """torchtune's recipes run their own loop: the window opens after the
+    ``start``-th optimizer step and counts each later one on its own."""
+    model, step = small_step()
+    with counting.OptimizerStepWindow(start=2, steps=2, device=torch.device("cpu")) as window:
+        for _ in range(6):  # 2 before the window, 2 counted, 2 after
+            step()
+    counted = window.result()
+    assert counted["window_steps"] == 2 and counted["unstable"] == []
+    reference = counting.count_window(step, torch.device("cpu"), steps=1)["per_step"]
+    assert counted["per_step"] == reference
+    with counting.OptimizerStepWindow(start=5, steps=2, device=torch.device("cpu")) as short:
+        for _ in range(5):  # the loop ends before a window step completes
+            step()
+    assert short.result() is None
