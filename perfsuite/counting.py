@@ -146,15 +146,18 @@ def _count_step(step: Callable[[], Any], device: torch.device) -> dict[str, int]
     return counts
 
 
-def summarise_window(steps: list[dict[str, int]]) -> dict[str, Any]:
-    """One step's counters from a window's steps; a key whose count moved
-    between the window's steps is named ``unstable`` (and its median kept)."""
+def summarise_window(steps: list[dict[str, int]], steady: bool = True) -> dict[str, Any]:
+    """One step's counters from a window's steps: their mean (exact where
+    the steps agree). ``steady``: every step does the same work (a fixed
+    batch shape), so a count that moved between the steps is named
+    ``unstable``; steps of varying sequence lengths move FLOPs by design."""
     keys = sorted({k for step in steps for k in step})
     per_step, unstable = {}, []
     for key in keys:
-        values = sorted(step.get(key, 0) for step in steps)
-        per_step[key] = values[len(values) // 2]
-        if values[0] != values[-1] and counters.exact(key):
+        values = [step.get(key, 0) for step in steps]
+        same = min(values) == max(values)
+        per_step[key] = values[0] if same else sum(values) / len(values)
+        if steady and not same and counters.exact(key):
             unstable.append(key)
     return {"window_steps": len(steps), "per_step": per_step, "unstable": unstable}
 
@@ -228,4 +231,5 @@ class OptimizerStepWindow:
             self._profile = None
 
     def result(self) -> dict[str, Any] | None:
-        return summarise_window(self.per_step) if self.per_step else None
+        # recipe batches differ in sequence length: FLOPs move between steps
+        return summarise_window(self.per_step, steady=False) if self.per_step else None

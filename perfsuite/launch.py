@@ -196,8 +196,10 @@ def timeline(started: float, ended: float, record: dict | None,
     if not record or not record.get("finished"):
         return None
     imported = record.get("workload_imported") or record["started"]
-    training = ((result.get("metrics") or {}).get("total_time") or {}).get("value") or 0.0
-    counting = (result.get("info") or {}).get("count_window_s") or 0.0
+    info = result.get("info") or {}
+    training = (((result.get("metrics") or {}).get("total_time") or {}).get("value")
+                or info.get("train_s") or 0.0)  # recipes: between their first and last step log
+    counting = info.get("count_window_s") or 0.0
     workload = record["finished"] - imported
     return {"wall": ended - started, "start_and_imports": record["started"] - started,
             "workload_import": imported - record["started"], "training": training,

@@ -146,7 +146,8 @@ def run(cell: Any, ctx: Any) -> dict[str, Any]:
         run_recipe(recipe, plan.config_path)
     summary = profiler.summary()
     # the steps after the cell's own ran for the counting window: not timed
-    step_log = llm_probe.read_step_log(plan.step_log)[:cell.max_steps if window else None]
+    full_log = llm_probe.read_step_log(plan.step_log)
+    step_log = full_log[:cell.max_steps if window else None]
     batches = llm_probe.trained_batches(list(llm_probe.BATCHES), ran.epochs,
                                         ran.max_steps)[:cell.max_steps if window else None]
     facts = model_facts(plan)
@@ -158,6 +159,9 @@ def run(cell: Any, ctx: Any) -> dict[str, Any]:
             "trainable_params": facts["trainable_params"], "config_file": str(plan.config_path),
             "step_log": str(plan.step_log) if step_log else None,
             "compat_patches": patched, "count_window_steps": window,
+            "train_s": step_log[-1]["t"] - step_log[0]["t"] if len(step_log) > 1 else None,
+            "count_window_s": (full_log[-1]["t"] - full_log[len(step_log)]["t"]
+                               if len(full_log) > len(step_log) else 0.0),
             "saves_checkpoint": "SkipSave" not in plan.config["checkpointer"]["_component_"]}
     return {"metrics": metrics, "steps": steps, "info": info, "counters": counted.result(),
             "profile": summary.to_dict() if summary else None}
