@@ -118,3 +118,19 @@ def describe(changes: list[Change]) -> list[str]:
         else:
             lines.append(f"{key} per step {_count(change.old)} -> {_count(change.new)}")
     return lines
+
+
+def headline(per_step: Mapping[str, float]) -> list[tuple[str, str]]:
+    """The counters a person reads first, as (what, per step) pairs: FLOPs,
+    operator calls, each collective, copies and CUDA runtime calls."""
+    ops = {k: v for k, v in per_step.items() if k.startswith("ops/")}
+    rows = [("FLOPs", f"{per_step.get('flops', 0):.4g}"),
+            ("operator calls", f"{_count(sum(ops.values()))} ({len(ops)} operators)")]
+    for key in sorted(k for k in per_step if k.startswith("collectives/") and k.endswith("/calls")):
+        name = key.split("/")[1]
+        rows.append((f"c10d {name}", f"{_count(per_step[key])} calls, "
+                     f"{_bytes(per_step.get(f'collectives/{name}/bytes', 0))[1:]}"))
+    rows += [(key.split("/", 1)[1].replace("_", " "), _bytes(value)[1:] if key.endswith("bytes")
+              else _count(value))
+             for key, value in sorted(per_step.items()) if key.startswith(("copies/", "cuda/", "memory/"))]
+    return rows

@@ -293,6 +293,19 @@ def _attribution(deltas: list[Mapping[str, Any]]) -> str:
                       "relative (%)", "status"], rows))
 
 
+def _counters(counted: Mapping[str, Any]) -> str:
+    """A cell's work counters per step (summed over its ranks)."""
+    from perfsuite.counters import headline
+
+    unstable = counted.get("unstable") or []
+    note = (f"per training step, summed over {counted.get('ranks', 1)} rank(s), counted over "
+            f"{counted.get('window_steps')} steps after the timed ones"
+            + (f"; unstable, not judged: {', '.join(unstable)}" if unstable else ""))
+    return (f"<div class='muted'>work counters {esc(note)}</div>"
+            + _table(["counter", "per step"], [[f"<td>{esc(k)}</td>", f'<td class="num">{esc(v)}</td>']
+                                              for k, v in headline(counted["per_step"])]))
+
+
 def _cell_details(cells: list[dict]) -> str:
     out = ["<h2>Cells in detail</h2>"]
     for i, cell in enumerate(cells):
@@ -306,6 +319,8 @@ def _cell_details(cells: list[dict]) -> str:
                    + (f"<p>{esc(cell.get('reason'))}</p>" if cell.get("reason") else ""))
         if cell.get("checks"):
             out.append(checks_table(cell["checks"]))
+        if (cell.get("counters") or {}).get("per_step"):
+            out.append(_counters(cell["counters"]))
         if isinstance(cell.get("profile"), Mapping):
             out.append(_profile(cell["profile"]))
         if cell.get("attribution"):

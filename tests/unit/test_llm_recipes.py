@@ -51,6 +51,9 @@ def test_lora_single_device_recipe_runs_in_process(tmp_path):
     # The recipe's config stays beside the results, runnable with `tune run`.
     assert (tmp_path / "llm-recipe-rank0.yaml").is_file()
     lines = (tmp_path / "llm-steps-rank0.jsonl").read_text().splitlines()
-    assert [json.loads(x)["step"] for x in lines] == [1, 2, 3, 4, 5]
+    # the cell's 5 steps, one between, then the 2 steps of the counting window (not timed)
+    assert [json.loads(x)["step"] for x in lines] == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert info["count_window_steps"] == 2 and result["counters"]["window_steps"] == 2
+    assert result["counters"]["per_step"]["flops"] > 0 and info["count_window_s"] > 0
     # A loss near ln(vocab) for random weights: the model trains from scratch.
     assert abs(result["metrics"]["loss"]["samples"][0] - math.log(2048)) < 0.5

@@ -225,3 +225,16 @@ def test_probe_section_shows_trust_and_flags():
     page = render_html({"cells": [], "probe": probe, "env": {}, "run": {}}, figures=[])
     assert "Pre-flight probe" in page and "NOT TRUSTED" in page
     assert "&lt;dense&gt;" in page  # escaped
+
+
+def test_a_cells_work_counters_are_shown_per_step(results):
+    counted = cell(counters={"window_steps": 2, "ranks": 2, "unstable": ["ops/aten::add"],
+                             "per_step": {"flops": 3.5e9, "ops/aten::convolution": 104,
+                                          "ops/aten::add": 7, "collectives/allreduce/calls": 4,
+                                          "collectives/allreduce/bytes": 17893456,
+                                          "cuda/kernel_launches": 812}})
+    page = html.render_html(run([counted]))
+    assert "work counters per training step, summed over 2 rank(s)" in page
+    assert "c10d allreduce" in page and "4 calls, 17.9 MB" in page and "3.5e+09" in page
+    assert "111 (2 operators)" in page and "kernel launches" in page and "812" in page
+    assert "unstable, not judged: ops/aten::add" in page
