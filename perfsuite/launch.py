@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from perfsuite import diagnose, multinode
+from perfsuite import agent, diagnose, multinode
 from perfsuite.cells import Cell
 from perfsuite.fsutil import atomic_write_json
 from perfsuite.results import aggregate, skipped_result
@@ -245,8 +245,11 @@ def run_cell(cell: Cell, out_dir: Path, opts: LaunchOptions | None = None) -> di
     started = time.time()
     timed_out = False
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
+        if agent.can_fork(argv):  # torchrun's agent without a fresh interpreter's imports
+            proc = agent.ForkedAgent(argv, log.fileno(), env)
+        else:
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                    start_new_session=True)
         try:
             returncode = _wait(proc, timeout, cell, directory, opts.on_progress)
         except subprocess.TimeoutExpired:
