@@ -6,7 +6,7 @@ launches on the shared 2-core VM had medians 82-131 ms minutes apart, so
 with Tuesdays. Here both sides launch in turns, A B B A, A B B A, ..., so a
 machine that drifts drifts under both alike and neither side always goes
 first; after every round of ABBA the launches are judged (each launch one
-observation, ``stats.compare_launches``) and a cell stops as soon as the
+observation, ``launchstats.compare_launches``) and a cell stops as soon as the
 verdict is decided, or at a cap on launches with "unknown".
 
 A side is a Python interpreter (its torch, torchrun and perfsuite run the
@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from perfsuite import stats
+from perfsuite import launchstats, stats
 from perfsuite.cells import Cell
 from perfsuite.checks import FAILING
 from perfsuite.comparing import compare_runs
@@ -163,14 +163,14 @@ def checkout_side(name: str, ref: str, repo: Path, side_dir: Path,
 
 def check_settings(tolerance: float, statistic: str, max_launches: int) -> None:
     """Refuse settings a session could not keep (before anything is set up)."""
-    if max_launches < stats.MIN_LAUNCHES or max_launches % 2:
+    if max_launches < launchstats.MIN_LAUNCHES or max_launches % 2:
         raise ABError(f"--max-launches {max_launches}: give an even number of at least "
-                      f"{stats.MIN_LAUNCHES} (a round of ABBA is 2 launches a side, and a "
-                      f"verdict weighs {stats.MIN_LAUNCHES} a side)")
+                      f"{launchstats.MIN_LAUNCHES} (a round of ABBA is 2 launches a side, and a "
+                      f"verdict weighs {launchstats.MIN_LAUNCHES} a side)")
     if not 0 < tolerance < 1:
         raise ABError(f"--tolerance {tolerance}: give a fraction such as 0.05")
-    if statistic not in stats.LAUNCH_STATISTICS:
-        raise ABError(f"--launch-statistic {statistic}: use one of {sorted(stats.LAUNCH_STATISTICS)}")
+    if statistic not in launchstats.LAUNCH_STATISTICS:
+        raise ABError(f"--launch-statistic {statistic}: use one of {sorted(launchstats.LAUNCH_STATISTICS)}")
 
 
 def _finite(value: Any) -> Any:
@@ -219,7 +219,7 @@ class ABSession:
             "schema": SCHEMA, "started": time.time(), "finished": None, "argv": argv or [],
             "settings": {"tolerance": tolerance, "confidence": stats.DEFAULT_CONFIDENCE,
                          "launch_statistic": statistic, "max_launches": max_launches,
-                         "min_launches": stats.MIN_LAUNCHES, "order": ORDER,
+                         "min_launches": launchstats.MIN_LAUNCHES, "order": ORDER,
                          "sides": {s.name: asdict(s) for s in (side_a, side_b)}},
             "cells": [], "interrupted": False, "exit_code": None}
 
@@ -287,7 +287,7 @@ class ABSession:
         result = run_cell(cell, self.out_dir / "launches" / side.label / f"launch{index}",
                           side.options())
         samples = result.get("metrics", {}).get("step_time", {}).get("samples") or []
-        value = stats.launch_values([samples], self.statistic)[0] if samples else None
+        value = launchstats.launch_values([samples], self.statistic)[0] if samples else None
         record["launches"].append({
             "side": side.name, "index": index, "started": started,
             "duration_s": round(time.time() - started, 3), "status": result["status"],
@@ -304,11 +304,11 @@ class ABSession:
                record: dict[str, Any]) -> str | None:
         """The round's verdict once both sides have enough launches."""
         n_a, n_b = len(results["A"]), len(results["B"])
-        if min(n_a, n_b) < stats.MIN_LAUNCHES:
+        if min(n_a, n_b) < launchstats.MIN_LAUNCHES:
             self.log(f"  round {round_}: {n_b} vs {n_a} launches; a verdict weighs "
-                     f"{stats.MIN_LAUNCHES} a side")
+                     f"{launchstats.MIN_LAUNCHES} a side")
             return None
-        cmp = stats.compare_launches(_launches(results["B"]), _launches(results["A"]),
+        cmp = launchstats.compare_launches(_launches(results["B"]), _launches(results["A"]),
                                      self.tolerance, statistic=self.statistic)
         verdict = {"verdict": cmp.verdict, "ratio": _finite(cmp.ratio),
                    "ci_low": _finite(cmp.ci_low), "ci_high": _finite(cmp.ci_high),
@@ -323,7 +323,7 @@ class ABSession:
 
     def _undecided(self, record: dict[str, Any], results: dict[str, list[dict[str, Any]]]) -> None:
         """Unknown at the cap, with what would decide it."""
-        spread = stats.launch_spread([stats.launch_values(_launches(rs), self.statistic)
+        spread = launchstats.launch_spread([launchstats.launch_values(_launches(rs), self.statistic)
                                       for rs in results.values()])
         record["reason"] = (
             f"undecided at the cap of {self.max_launches} launches a side: the interval is neither "

@@ -21,7 +21,7 @@ from typing import Any
 
 import pandas as pd
 
-from perfsuite import stats
+from perfsuite import launchstats
 
 FORMAT = "perfsuite.baselines/1"
 PROFILE_FILE, METRICS_FILE, RATIOS_FILE, FINDINGS_FILE, SAMPLES_FILE, COUNTERS_FILE = (
@@ -48,7 +48,7 @@ PORTABLE_METRICS = frozenset({"accuracy"})  # all but these and ratios are absol
 RATIO_METRICS = frozenset({"speedup", "step_time_ratio"})
 HIGHER_IS_BETTER = frozenset({"throughput", "accuracy", "speedup"})
 # What a launch contributes to a launch-level verdict; a profile's noise decides (profile.json).
-LAUNCH_STATISTICS = tuple(stats.LAUNCH_STATISTICS)
+LAUNCH_STATISTICS = tuple(launchstats.LAUNCH_STATISTICS)
 COUNTER_VERSION_KEYS = ("torch", "torchvision", "torchtune", "torchao")
 GPU_COUNTER_VERSION_KEYS = ("cuda", "cudnn", "nccl")
 ENV_VERSION_KEYS = ("torch", "torchvision", "torchtune", "torchao", "cuda", "cudnn", "nccl",
@@ -175,7 +175,7 @@ class BaselineSet:  # one folder: its profile.json facts and its tables
     samples: dict[str, list[float]] = field(default_factory=dict)
     launch_statistic: str = "median"  # what a launch contributes to a launch-level verdict
     # between-launch spread of launch values seen when recording, per statistic
-    launch_spread: dict[str, stats.LaunchSpread] = field(default_factory=dict)
+    launch_spread: dict[str, launchstats.LaunchSpread] = field(default_factory=dict)
     counters: tuple[CounterBaseline, ...] = ()  # work counters, portable across hardware
 
     def matches(self, profile_id: str | None) -> bool:
@@ -247,12 +247,12 @@ def _read_table(file: Path, allowed: Iterable[str], samples: Mapping) -> pd.Data
     return df
 
 
-def _launch_spread(data: Any) -> dict[str, stats.LaunchSpread]:
+def _launch_spread(data: Any) -> dict[str, launchstats.LaunchSpread]:
     """profile.json's ``launch_spread``: {statistic: {"log_sd": s, "dof": n}}."""
     out = {}
     for statistic, entry in (data or {}).items():
         try:
-            spread = stats.LaunchSpread(float(entry["log_sd"]), int(entry["dof"]))
+            spread = launchstats.LaunchSpread(float(entry["log_sd"]), int(entry["dof"]))
         except (KeyError, TypeError, ValueError):
             spread = None
         if (statistic not in LAUNCH_STATISTICS or spread is None or spread.dof < 1
@@ -326,7 +326,7 @@ class Expectation:
     samples: tuple[float, ...] = ()  # pooled over launches
     launches: tuple[tuple[float, ...], ...] = ()  # per launch, when recorded repeated
     launch_statistic: str = "median"  # the baseline profile's: each launch's median or floor
-    launch_spread: stats.LaunchSpread | None = None  # recorded between-launch spread, if any
+    launch_spread: launchstats.LaunchSpread | None = None  # recorded between-launch spread, if any
     reference: str = ""
     source: str = ""
     baseline: str = ""

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
-from perfsuite import counters, stats
+from perfsuite import counters, launchstats, stats
 from perfsuite.baselines import CounterBaseline, Expectation, find_counters, find_expectations, load_all, norm
 
 STATES = ("same", "regressed", "improved", "unknown", "pass", "fail", "skipped")
@@ -126,12 +126,12 @@ class StepTimeNotRegressed:
                            message=f"cell {cell} reported no {self.metric} samples")
         launches = data.get("launches") or [observed]
         if exp.samples:
-            cmp = stats.compare_launches(launches, exp.launches or [exp.samples], exp.tolerance,
+            cmp = launchstats.compare_launches(launches, exp.launches or [exp.samples], exp.tolerance,
                                          self.confidence, statistic=exp.launch_statistic,
                                          spread=exp.launch_spread)
             expected = stats.summary(exp.samples)["median"]
         else:  # one number (a paper's table): one launch of the baseline, its typical step
-            cmp = stats.compare_launches(launches, [[exp.value]], exp.tolerance, self.confidence,
+            cmp = launchstats.compare_launches(launches, [[exp.value]], exp.tolerance, self.confidence,
                                          statistic="median", spread=exp.launch_spread)
             expected = exp.value
         return _from_comparison(self.name, self.metric, data.get("unit", "s"), cmp,

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from perfsuite import cells, stats
+from perfsuite import cells, launchstats
 from perfsuite.baselines import find_counters, load_all
 from perfsuite.fsutil import atomic_write_json
 from perfsuite.judge import judge, needs_more_steps
@@ -127,7 +127,7 @@ def run_trial(cell: cells.Cell, trial_dir: Path, launches: int,
         pending = tuple(g for g in pending if needs_more_steps([checks[g]]))
         if not pending:
             break
-    values = {group: stats.launch_values([r["metrics"]["step_time"]["samples"] for r in results],
+    values = {group: launchstats.launch_values([r["metrics"]["step_time"]["samples"] for r in results],
                                    statistic)
               for group, results in launcher.launched.items()}
     return {"checks": checks, "launch_values": values, "statistic": statistic,
@@ -137,7 +137,7 @@ def run_trial(cell: cells.Cell, trial_dir: Path, launches: int,
 def launch_spread(values: dict[str, list[float]]) -> float:
     """Standard deviation of log launch values within groups, pooled (the
     slowdown factors removed by centring each group on its own mean)."""
-    return stats.launch_spread(list(values.values())).log_sd
+    return launchstats.launch_spread(list(values.values())).log_sd
 
 
 SETTINGS = ("cell", "steps", "launches", "reference_launches", "statistic")

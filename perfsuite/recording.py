@@ -19,7 +19,7 @@ from typing import Any
 
 import pandas as pd
 
-from perfsuite import stats
+from perfsuite import launchstats
 from perfsuite.baselines import (
     COUNTERS_FILE,
     COUNTERS_FORMAT,
@@ -111,7 +111,7 @@ class RecordPlan:
     samples: dict[str, list[float]]
     diff: pd.DataFrame
     written: bool = False
-    launch_spreads: dict[str, stats.LaunchSpread] = field(default_factory=dict)
+    launch_spreads: dict[str, launchstats.LaunchSpread] = field(default_factory=dict)
     counted_cells: int = 0  # cells whose work counters were recorded
 
     def describe(self) -> str:
@@ -128,7 +128,7 @@ class RecordPlan:
                          + counted)
 
 
-def launch_spreads(results: Mapping[str, Any] | list) -> dict[str, stats.LaunchSpread]:
+def launch_spreads(results: Mapping[str, Any] | list) -> dict[str, launchstats.LaunchSpread]:
     """The between-launch spread of the run's repeated launches, per launch
     statistic, pooled over its ok cells (a cell's launches are identical)."""
     cells = [c for c in run_cells(results) if c.get("status") == "ok"]
@@ -136,7 +136,7 @@ def launch_spreads(results: Mapping[str, Any] | list) -> dict[str, stats.LaunchS
                 for c in cells]
     out = {}
     for statistic in LAUNCH_STATISTICS:
-        spread = stats.launch_spread([stats.launch_values(group, statistic)
+        spread = launchstats.launch_spread([launchstats.launch_values(group, statistic)
                                       for group in launches if len(group) > 1])
         if spread.dof >= 1:
             out[statistic] = spread

@@ -109,7 +109,7 @@ def test_compare_by_launch_floors(tmp_path, capsys):
 
 
 def test_baseline_record_sets_the_launch_statistic(tmp_path):
-    from perfsuite import cli, stats
+    from perfsuite import cli, launchstats
 
     run = write_run(tmp_path / "run", 1.0)
     root = tmp_path / "baselines"
@@ -117,7 +117,7 @@ def test_baseline_record_sets_the_launch_statistic(tmp_path):
                  "--launch-statistic", "floor"]) == 0
     profile = json.loads((root / "cpu-test-2c" / "profile.json").read_text())
     assert profile["launch_statistic"] == "floor"
-    assert cli.LAUNCH_STATISTICS == tuple(stats.LAUNCH_STATISTICS)
+    assert cli.LAUNCH_STATISTICS == tuple(launchstats.LAUNCH_STATISTICS)
 
 
 def test_detection_will_not_mix_new_trials_into_an_earlier_run(tmp_path, capsys):

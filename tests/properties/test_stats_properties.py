@@ -5,7 +5,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from perfsuite import stats
+from perfsuite import launchstats, stats
 
 # Step times on a millisecond grid (0.001 s to 1000 s): real timers have finite
 # resolution, and it keeps two different samples from being one float apart.
@@ -106,7 +106,7 @@ def test_classify_is_consistent(a, b, where, tol, higher):
     assert verdict in stats.VERDICTS
 
 
-statistics = st.sampled_from(sorted(stats.LAUNCH_STATISTICS))
+statistics = st.sampled_from(sorted(launchstats.LAUNCH_STATISTICS))
 launch_sets = st.lists(st.lists(seconds, min_size=3, max_size=12), min_size=1, max_size=7)
 
 
@@ -114,19 +114,19 @@ launch_sets = st.lists(st.lists(seconds, min_size=3, max_size=12), min_size=1, m
 @given(launch_sets, launch_sets, tolerances, st.randoms(use_true_random=False), statistics)
 def test_launch_verdict_ignores_the_order_of_launches_and_of_their_steps(new, base, tol, rnd,
                                                                          statistic):
-    first = stats.compare_launches(new, base, tol, statistic=statistic)
+    first = launchstats.compare_launches(new, base, tol, statistic=statistic)
     shuffled = [[rnd.sample(launch, len(launch)) for launch in side] for side in (new, base)]
     for side in shuffled:
         rnd.shuffle(side)
-    assert stats.compare_launches(*shuffled, tol, statistic=statistic) == first
+    assert launchstats.compare_launches(*shuffled, tol, statistic=statistic) == first
 
 
 @settings(**FAST)
 @given(launch_sets, launch_sets, tolerances, factors, statistics)
 def test_launch_verdict_survives_scaling_both_sides(new, base, tol, factor, statistic):
     scaled = [[[x * factor for x in launch] for launch in side] for side in (new, base)]
-    one, other = (stats.compare_launches(new, base, tol, statistic=statistic),
-                  stats.compare_launches(*scaled, tol, statistic=statistic))
+    one, other = (launchstats.compare_launches(new, base, tol, statistic=statistic),
+                  launchstats.compare_launches(*scaled, tol, statistic=statistic))
     assert other.verdict == one.verdict
     assert math.isclose(other.ratio, one.ratio, rel_tol=1e-9)
 
@@ -135,7 +135,7 @@ def test_launch_verdict_survives_scaling_both_sides(new, base, tol, factor, stat
 @given(st.lists(st.lists(seconds, min_size=3, max_size=12), min_size=4, max_size=7), tolerances)
 def test_identical_launches_are_never_called_regressed(launches, tol):
     for statistic in ("median", "floor"):
-        cmp = stats.compare_launches(launches, launches, tol, statistic=statistic)
+        cmp = launchstats.compare_launches(launches, launches, tol, statistic=statistic)
         assert cmp.verdict in ("same", "unknown") and cmp.ci_low <= cmp.ratio <= cmp.ci_high
 
 
@@ -143,22 +143,22 @@ def test_identical_launches_are_never_called_regressed(launches, tol):
 
 one_launch = st.lists(seconds, min_size=1, max_size=30).map(lambda steps: [steps])
 few_launches = st.lists(st.lists(seconds, min_size=1, max_size=12), min_size=1, max_size=3)
-spreads = st.builds(stats.LaunchSpread, st.sampled_from([0.0, 0.01, 0.05, 0.2]),
+spreads = st.builds(launchstats.LaunchSpread, st.sampled_from([0.0, 0.01, 0.05, 0.2]),
                     st.integers(1, 60))
 
 
 @settings(**FAST)
 @given(one_launch, one_launch, tolerances, statistics)
 def test_one_launch_a_side_without_a_known_spread_is_always_unknown(new, base, tol, statistic):
-    cmp = stats.compare_launches(new, base, tol, statistic=statistic)
-    assert cmp.verdict == "unknown" and cmp.reason == stats.DRIFT_UNKNOWN
+    cmp = launchstats.compare_launches(new, base, tol, statistic=statistic)
+    assert cmp.verdict == "unknown" and cmp.reason == launchstats.DRIFT_UNKNOWN
 
 
 @settings(**FAST)
 @given(few_launches, few_launches, tolerances, statistics, spreads, confidences)
 def test_a_direction_is_claimed_only_where_the_widened_interval_excludes_one(
         new, base, tol, statistic, spread, confidence):
-    cmp = stats.compare_launches(new, base, tol, confidence, statistic=statistic, spread=spread)
+    cmp = launchstats.compare_launches(new, base, tol, confidence, statistic=statistic, spread=spread)
     assert cmp.ci_low <= cmp.ratio * (1 + 1e-12) and cmp.ratio <= cmp.ci_high * (1 + 1e-12)
     if cmp.verdict == "regressed":
         assert cmp.ci_low > 1 and cmp.ratio > 1 + tol - 1e-9
@@ -169,9 +169,9 @@ def test_a_direction_is_claimed_only_where_the_widened_interval_excludes_one(
 @settings(**FAST)
 @given(few_launches, few_launches, statistics, spreads)
 def test_a_larger_recorded_spread_never_narrows_the_interval(new, base, statistic, spread):
-    narrow = stats.compare_launches(new, base, statistic=statistic, spread=spread)
-    wide = stats.compare_launches(new, base, statistic=statistic,
-                                  spread=stats.LaunchSpread(spread.log_sd * 2 + 0.01, spread.dof))
+    narrow = launchstats.compare_launches(new, base, statistic=statistic, spread=spread)
+    wide = launchstats.compare_launches(new, base, statistic=statistic,
+                                  spread=launchstats.LaunchSpread(spread.log_sd * 2 + 0.01, spread.dof))
     assert wide.ci_low <= narrow.ci_low * (1 + 1e-12)
     assert wide.ci_high * (1 + 1e-12) >= narrow.ci_high
     if narrow.verdict == "unknown":

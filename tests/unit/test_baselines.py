@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from perfsuite import baselines as bl
-from perfsuite import recording, stats
+from perfsuite import launchstats, recording
 from perfsuite.hardware import profile_id
 
 PAPER = Path(bl.__file__).resolve().parent.parent / "baselines" / "h100-sxm-94gb-x4-nvlink-paper"
@@ -398,13 +398,13 @@ def test_a_repeated_recording_keeps_the_spread_between_its_launches(tmp_path):
     launches = [[0.1 * f, 0.11 * f] for f in (1.0, 1.1, 0.9, 1.05)]
     cell["metrics"]["step_time"]["launches"] = launches
     plan = recording.record_run(run(cell), root=tmp_path)
-    expected = stats.launch_spread([stats.launch_values(launches, "median")])
+    expected = launchstats.launch_spread([launchstats.launch_values(launches, "median")])
     assert plan.launch_spreads["median"].dof == 3 == expected.dof
     assert "between-launch spread of launch medians" in plan.describe()
     saved = json.loads((plan.folder / "profile.json").read_text())["launch_spread"]
     assert saved["floor"] == {"log_sd": round(expected.log_sd, 5), "dof": 3}
     exp = bl.find_expectation(cell["params"], "step_time", CPU, root=tmp_path)
-    assert exp.launch_spread == stats.LaunchSpread(round(expected.log_sd, 5), 3)
+    assert exp.launch_spread == launchstats.LaunchSpread(round(expected.log_sd, 5), 3)
     single = recording.record_run(run(cell_result("smoke/b", [0.1] * 5)), root=tmp_path)
     assert not single.launch_spreads  # one launch shows no spread: the recorded one stays
     assert "launch_spread" in json.loads((plan.folder / "profile.json").read_text())

@@ -9,7 +9,7 @@ import pytest
 
 from perfsuite import baselines as bl
 from perfsuite import checks as ck
-from perfsuite import stats
+from perfsuite import launchstats, stats
 from perfsuite.baselines import Expectation
 from perfsuite.comparing import compare_runs
 
@@ -60,7 +60,7 @@ def test_step_time_against_recorded_samples():
     """One launch against one recorded launch: only the between-launch spread
     recorded with the baseline can decide, and it widens the interval."""
     base = Expectation("step_time", 0.1, tolerance=0.15, samples=tuple(steps(0.1, seed=1)),
-                       source="recorded run 2026-11-21", launch_spread=stats.LaunchSpread(0.03, 30))
+                       source="recorded run 2026-11-21", launch_spread=launchstats.LaunchSpread(0.03, 30))
     same = ck.StepTimeNotRegressed(base).evaluate(result(0.1, seed=2))
     assert same.verdict == "same" and not same.failed
     assert same.ci_high / same.ci_low > 1.15 and "widened by the between-launch spread" in same.message
@@ -71,14 +71,14 @@ def test_step_time_against_recorded_samples():
     assert slow.baseline == "recorded run 2026-11-21" and slow.cell == result()["id"]
     no_spread = Expectation("step_time", 0.1, tolerance=0.15, samples=tuple(steps(0.1, seed=1)))
     drift = ck.StepTimeNotRegressed(no_spread).evaluate(result(0.13, seed=3))
-    assert drift.verdict == "unknown" and stats.DRIFT_UNKNOWN in drift.message
+    assert drift.verdict == "unknown" and launchstats.DRIFT_UNKNOWN in drift.message
 
 
 def test_step_time_against_one_paper_number():
     """A paper's number is one launch of the baseline: one launch against it
     decides only with a known between-launch spread."""
     check = ck.StepTimeNotRegressed(Expectation("step_time", 0.77, tolerance=0.10, source="paper",
-                                                launch_spread=stats.LaunchSpread(0.02, 30)))
+                                                launch_spread=launchstats.LaunchSpread(0.02, 30)))
     assert check.evaluate(result(0.77)).verdict == "same"
     assert check.evaluate(result(0.95)).verdict == "regressed"
     unknown = ck.StepTimeNotRegressed(value=0.77, tolerance=0.10).evaluate(result(0.95))
@@ -287,7 +287,7 @@ def test_compare_of_one_launch_a_side_never_claims_a_direction():
     ran in a busy minute. Within-launch statistics called this "improved"."""
     busy, slowed = run(result(0.16, seed=1, cell_id="c1")), run(result(0.115, seed=2, cell_id="c1"))
     check = {v["name"]: v for v in compare_runs(busy, slowed)}["step_time"]
-    assert check["verdict"] == "unknown" and stats.DRIFT_UNKNOWN in check["message"]
+    assert check["verdict"] == "unknown" and launchstats.DRIFT_UNKNOWN in check["message"]
 
 
 def test_a_finding_of_the_experiment_data_is_judged_across_two_cells():

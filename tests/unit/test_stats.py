@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from perfsuite import stats
+from perfsuite import launchstats, stats
 
 
 def lognormal(seed, n, scale=1.0, sigma=0.05):
@@ -242,7 +242,7 @@ def launches(seed, count, scale=1.0, launch_sigma=0.10, n=30):
 def test_launch_spread_is_weighed_where_pooled_steps_would_call_a_false_regression():
     base, new = launches(1, 6), launches(2, 6)
     pooled = stats.compare([x for r in new for x in r], [x for r in base for x in r])
-    judged = stats.compare_launches(new, base)
+    judged = launchstats.compare_launches(new, base)
     # 180 tight steps a side: the pooled interval is far narrower than the
     # launch-to-launch scatter, the launch-level one is not.
     assert (pooled.ci_high - pooled.ci_low) < (judged.ci_high - judged.ci_low) / 3
@@ -251,13 +251,13 @@ def test_launch_spread_is_weighed_where_pooled_steps_would_call_a_false_regressi
 
 
 def test_identical_launch_distributions_are_rarely_called_regressed():
-    called = sum(stats.compare_launches(launches(2 * s, 6), launches(2 * s + 1, 6)).verdict
+    called = sum(launchstats.compare_launches(launches(2 * s, 6), launches(2 * s + 1, 6)).verdict
                  == "regressed" for s in range(200))
     assert called <= 10  # 5 % at most, at 95 % confidence
 
 
 def test_a_large_shift_between_launches_is_called():
-    cmp = stats.compare_launches(launches(3, 6, scale=1.6, launch_sigma=0.02),
+    cmp = launchstats.compare_launches(launches(3, 6, scale=1.6, launch_sigma=0.02),
                                  launches(4, 6, launch_sigma=0.02))
     assert cmp.verdict == "regressed" and cmp.ci_low > 1.05 and cmp.p_value < 0.05
 
@@ -273,14 +273,14 @@ def test_launch_floors_see_through_neighbours_that_only_add_time():
 
     base = [launch(0.10) for _ in range(8)]
     slow = [launch(0.11) for _ in range(8)]
-    by_median = stats.compare_launches(slow, base)
-    by_floor = stats.compare_launches(slow, base, statistic="floor")
+    by_median = launchstats.compare_launches(slow, base)
+    by_floor = launchstats.compare_launches(slow, base, statistic="floor")
     assert by_floor.verdict == "regressed" and by_floor.ratio == pytest.approx(1.1, rel=0.02)
     assert (by_floor.ci_high - by_floor.ci_low) < (by_median.ci_high - by_median.ci_low) / 3
     assert "launch floors" in by_floor.method and "launch medians" in by_median.method
-    assert stats.launch_values([[3.0, 1.0, 2.0]], "floor") == [1.0]
+    assert launchstats.launch_values([[3.0, 1.0, 2.0]], "floor") == [1.0]
     with pytest.raises(ValueError, match="launch statistic 'mean'"):
-        stats.compare_launches(slow, base, statistic="mean")
+        launchstats.compare_launches(slow, base, statistic="mean")
 
 
 def test_one_launch_a_side_cannot_separate_a_change_from_drift():
@@ -292,14 +292,14 @@ def test_one_launch_a_side_cannot_separate_a_change_from_drift():
     assert stats.compare([x for r in slowed_stack for x in r],
                          [x for r in busy_baseline for x in r]).verdict == "improved"
     for statistic in ("median", "floor"):
-        cmp = stats.compare_launches(slowed_stack, busy_baseline, statistic=statistic)
+        cmp = launchstats.compare_launches(slowed_stack, busy_baseline, statistic=statistic)
         assert cmp.verdict == "unknown" and cmp.ci_low == 0.0 and cmp.ci_high == math.inf
-        assert cmp.reason == stats.DRIFT_UNKNOWN and "perfsuite ab" in cmp.reason
+        assert cmp.reason == launchstats.DRIFT_UNKNOWN and "perfsuite ab" in cmp.reason
         assert (cmp.n_new, cmp.n_base) == (1, 1)
 
 
 def test_fewer_than_four_launches_weigh_the_spread_between_them():
-    cmp = stats.compare_launches(launches(5, 3), launches(6, 8))
+    cmp = launchstats.compare_launches(launches(5, 3), launches(6, 8))
     assert (cmp.n_new, cmp.n_base) == (3, 8) and "t interval" in cmp.method
     assert "between-launch spread" in cmp.reason and "9 d.o.f." in cmp.reason
     # the launches scatter 10 % (s.d. of logs): the interval is about +-15 %, not +-1 %
@@ -308,19 +308,19 @@ def test_fewer_than_four_launches_weigh_the_spread_between_them():
 
 def test_a_recorded_spread_widens_a_single_launch_interval():
     one, other = [lognormal(41, 30, 1.0, sigma=0.01)], [lognormal(42, 30, 1.0, sigma=0.01)]
-    spread = stats.LaunchSpread(0.05, 40)
-    cmp = stats.compare_launches(one, other, spread=spread)
+    spread = launchstats.LaunchSpread(0.05, 40)
+    cmp = launchstats.compare_launches(one, other, spread=spread)
     half = stats._sps.t.ppf(0.975, 40) * 0.05 * math.sqrt(2)
     assert math.log(cmp.ci_high / cmp.ci_low) == pytest.approx(2 * half, rel=1e-9)
     assert cmp.verdict == "unknown"  # +-14 % cannot fit within a 5 % tolerance
-    doubled = stats.compare_launches([[x * 2 for x in one[0]]], other, spread=spread)
+    doubled = launchstats.compare_launches([[x * 2 for x in one[0]]], other, spread=spread)
     assert doubled.verdict == "regressed" and doubled.ci_low > 1.5
-    assert stats.compare_launches(one, other, 1.0, spread=spread).verdict == "same"
+    assert launchstats.compare_launches(one, other, 1.0, spread=spread).verdict == "same"
 
 
 def test_launch_spread_pools_groups_of_identical_launches():
-    spread = stats.launch_spread([[1.0, 1.0], [2.0, 2.0 * math.e ** 0.2], [5.0]])
+    spread = launchstats.launch_spread([[1.0, 1.0], [2.0, 2.0 * math.e ** 0.2], [5.0]])
     assert spread.dof == 2 and spread.log_sd == pytest.approx(math.sqrt(0.02 / 2))
-    assert stats.launch_spread([[1.0]]).dof == 0
-    assert stats.LaunchSpread(0.1, 2).pooled(stats.LaunchSpread(0.2, 2)).log_sd == pytest.approx(
+    assert launchstats.launch_spread([[1.0]]).dof == 0
+    assert launchstats.LaunchSpread(0.1, 2).pooled(launchstats.LaunchSpread(0.2, 2)).log_sd == pytest.approx(
         math.sqrt(0.025))
