@@ -36,8 +36,6 @@ DEFAULT_CONFIDENCE = 0.95
 DEFAULT_TOLERANCE = 0.05
 DEFAULT_RESAMPLES = 2000
 SEED = 20250319
-# Below this many samples per side no verdict but "unknown" is given.
-MIN_SAMPLES = 5
 # Interval ends are rounded before they meet a threshold, so that rounding
 # noise of the last bit (scaling both sides) cannot flip a verdict.
 _DECIMALS = 9
@@ -197,39 +195,12 @@ def shift_ratio_interval(numerator: Sequence[float], denominator: Sequence[float
     return Interval(estimate, min(low, estimate), max(high, estimate), confidence, method)
 
 
-def median_interval(samples: Sequence[float], *,
-                    confidence: float = DEFAULT_CONFIDENCE) -> Interval:
-    """The sample median with a distribution-free (binomial order-statistic) interval."""
-    _check_confidence(confidence)
-    arr = as_samples(samples, positive=False)
-    if arr.size == 0:
-        raise ValueError("median_interval needs at least one sample")
-    estimate = float(np.median(arr))
-    method = "median, binomial order-statistic interval"
-    # Largest k with P(Bin(n, 1/2) < k) <= alpha/2; the interval is [x_(k), x_(n+1-k)].
-    k = int(_sps.binom.ppf((1 - confidence) / 2, arr.size, 0.5))
-    if _sps.binom.cdf(k, arr.size, 0.5) <= (1 - confidence) / 2:
-        k += 1
-    if k < 1:
-        return Interval(estimate, -math.inf, math.inf, confidence, method)
-    return Interval(estimate, float(arr[k - 1]), float(arr[arr.size - k]), confidence, method)
-
-
 def mann_whitney_p(a: Sequence[float], b: Sequence[float]) -> float:
     """Two-sided Mann-Whitney U p-value (1.0 when a side is empty or all tie)."""
     x, y = as_samples(a, positive=False), as_samples(b, positive=False)
     if x.size == 0 or y.size == 0 or (np.all(x == x[0]) and np.all(y == x[0])):
         return 1.0
     return float(_sps.mannwhitneyu(x, y, alternative="two-sided").pvalue)
-
-
-def sign_test_p(samples: Sequence[float], value: float) -> float:
-    """Two-sided sign test that the median of ``samples`` equals ``value``."""
-    arr = as_samples(samples, positive=False)
-    above, below = int(np.sum(arr > value)), int(np.sum(arr < value))
-    if above + below == 0:
-        return 1.0
-    return float(_sps.binomtest(above, above + below, 0.5).pvalue)
 
 
 def classify(low: float, high: float, tolerance: float, *, estimate: float | None = None,
@@ -270,69 +241,6 @@ class Comparison:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def compare(samples_new: Sequence[float], samples_base: Sequence[float],
-            tolerance: float = DEFAULT_TOLERANCE, confidence: float = DEFAULT_CONFIDENCE, *,
-            higher_is_better: bool = False, method: str = "bootstrap",
-            n_resamples: int = DEFAULT_RESAMPLES, seed: int = SEED) -> Comparison:
-    """Judge new samples against baseline samples (lower is better by default).
-
-    ``method`` "bootstrap": ratio of medians, percentile bootstrap interval;
-    "rank": Hodges-Lehmann ratio with the Mann-Whitney interval. Either way a
-    regressed/improved verdict also needs the Mann-Whitney p-value below
-    ``1 - confidence``, which keeps tiny sample sets from being called.
-    """
-    new = as_samples(samples_new, "new samples")
-    base = as_samples(samples_base, "baseline samples")
-    if new.size == 0 or base.size == 0:
-        return Comparison("unknown", math.nan, 0.0, math.inf, confidence, None, tolerance,
-                          int(new.size), int(base.size), method, "no samples on one side")
-    if method == "bootstrap":
-        interval = median_ratio_interval(new, base, confidence=confidence,
-                                         n_resamples=n_resamples, seed=seed)
-    elif method == "rank":
-        interval = shift_ratio_interval(new, base, confidence=confidence)
-    else:
-        raise ValueError(f"method must be 'bootstrap' or 'rank', got {method!r}")
-    p_value = mann_whitney_p(new, base)
-    verdict = classify(interval.low, interval.high, tolerance, estimate=interval.estimate,
-                       higher_is_better=higher_is_better, significant=p_value < 1.0 - confidence)
-    reason = ""
-    if min(new.size, base.size) < MIN_SAMPLES:
-        verdict = "unknown"
-        reason = f"fewer than {MIN_SAMPLES} samples on a side ({new.size} new, {base.size} base)"
-    elif verdict == "unknown":
-        reason = "interval straddles 1 or a tolerance bound; measure more steps"
-    return Comparison(verdict, interval.estimate, interval.low, interval.high, confidence,
-                      p_value, tolerance, int(new.size), int(base.size), interval.method, reason)
-
-
-def compare_to_value(samples: Sequence[float], value: float,
-                     tolerance: float = DEFAULT_TOLERANCE,
-                     confidence: float = DEFAULT_CONFIDENCE, *,
-                     higher_is_better: bool = False) -> Comparison:
-    """Judge observed samples against one baseline number (a paper's table cell).
-
-    The interval is the observed median's order-statistic interval divided by
-    ``value``; the baseline number is taken as exact, its own noise being
-    what the tolerance is for.
-    """
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"baseline value must be positive and finite, got {value}")
-    arr = as_samples(samples, "observed samples")
-    if arr.size == 0:
-        return Comparison("unknown", math.nan, 0.0, math.inf, confidence, None, tolerance, 0, 1,
-                          "median vs value", "no observed samples")
-    interval = median_interval(arr, confidence=confidence).scaled(1.0 / value)
-    low = max(interval.low, 0.0)
-    p_value = sign_test_p(arr, value)
-    verdict = classify(low, interval.high, tolerance, estimate=interval.estimate,
-                       higher_is_better=higher_is_better, significant=p_value < 1.0 - confidence)
-    reason = "" if verdict != "unknown" else "interval straddles 1 or a tolerance bound; measure more"
-    return Comparison(verdict, interval.estimate, low, interval.high, confidence, p_value,
-                      tolerance, int(arr.size), 1, "median vs value, order-statistic interval",
-                      reason)
 
 
 def compare_values(new: float, base: float, tolerance: float = DEFAULT_TOLERANCE, *,
