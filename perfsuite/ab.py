@@ -54,6 +54,16 @@ BASE_SITE_PTH = "perfsuite_ab_base_site.pth"
 IMPORT_CHECK = "import torch, perfsuite; print(torch.__version__); print(perfsuite.__path__[0])"
 
 
+def look_confidence(max_launches: int, confidence: float = stats.DEFAULT_CONFIDENCE) -> float:
+    """The confidence each round's verdict is held to, so that the whole
+    session holds ``confidence``: the verdict is looked at after every round
+    from MIN_LAUNCHES a side on, and each look is another chance of a false
+    call (Bonferroni over the planned looks). On the 2-core VM, judging every
+    look at 95 % called identical sides regressed in the first trial tried."""
+    looks = (max_launches - launchstats.MIN_LAUNCHES) // 2 + 1
+    return 1.0 - (1.0 - confidence) / looks
+
+
 class ABError(ValueError):
     """A usage or environment problem, said in a sentence (exit code 2)."""
 
@@ -218,6 +228,7 @@ class ABSession:
         self.data: dict[str, Any] = {
             "schema": SCHEMA, "started": time.time(), "finished": None, "argv": argv or [],
             "settings": {"tolerance": tolerance, "confidence": stats.DEFAULT_CONFIDENCE,
+                         "look_confidence": look_confidence(max_launches),
                          "launch_statistic": statistic, "max_launches": max_launches,
                          "min_launches": launchstats.MIN_LAUNCHES, "order": ORDER,
                          "sides": {s.name: asdict(s) for s in (side_a, side_b)}},
@@ -309,7 +320,8 @@ class ABSession:
                      f"{launchstats.MIN_LAUNCHES} a side")
             return None
         cmp = launchstats.compare_launches(_launches(results["B"]), _launches(results["A"]),
-                                     self.tolerance, statistic=self.statistic)
+                                           self.tolerance, look_confidence(self.max_launches),
+                                           statistic=self.statistic)
         verdict = {"verdict": cmp.verdict, "ratio": _finite(cmp.ratio),
                    "ci_low": _finite(cmp.ci_low), "ci_high": _finite(cmp.ci_high),
                    "confidence": cmp.confidence, "p_value": _finite(cmp.p_value),

@@ -101,9 +101,11 @@ def test_identical_sides_stop_as_soon_as_decided_same(tmp_path, monkeypatch):
     code = session(tmp_path, max_launches=12).run()
     record = saved(tmp_path)["cells"][0]
     assert record["verdict"] == "same" and code == ab.EXIT_OK
-    assert len(fake.calls) == 8 and record["n_a"] == record["n_b"] == 4  # the first verdict
-    assert [r["round"] for r in record["rounds"]] == [2]
-    assert record["ci_low"] >= 0.95 and record["ci_high"] <= 1.05
+    # 5 looks (4, 6, ..., 12 a side) at 99 % each: 4 a side cannot bound a 99 % interval
+    assert len(fake.calls) == 12 and record["n_a"] == record["n_b"] == 6
+    assert [(r["round"], r["verdict"]) for r in record["rounds"]] == [(2, "unknown"), (3, "same")]
+    assert record["ci_low"] >= 0.95 and record["ci_high"] <= 1.05 and record["confidence"] == 0.99
+    assert saved(tmp_path)["settings"]["look_confidence"] == pytest.approx(0.99)
 
 
 def test_a_ten_percent_slowdown_on_side_b_is_regressed_with_exit_1(tmp_path, monkeypatch):
@@ -142,7 +144,7 @@ def test_a_failed_launch_stops_its_cell_with_error_and_keeps_the_launches(tmp_pa
     assert "side B launch 2 ended error: rank 0 failed" in first["reason"]
     assert [x["status"] for x in first["launches"]] == ["ok", "ok", "error"]
     assert first["checks"] == []
-    assert second["verdict"] == "same" and len(fake.calls) == 3 + 8  # not retried; next cell ran
+    assert second["verdict"] == "same" and len(fake.calls) == 3 + 12  # not retried; next cell ran
 
 
 def test_ab_json_is_rewritten_after_every_launch_and_kept_on_ctrl_c(tmp_path, monkeypatch):
