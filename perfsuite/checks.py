@@ -126,13 +126,15 @@ class StepTimeNotRegressed:
                            message=f"cell {cell} reported no {self.metric} samples")
         launches = data.get("launches") or [observed]
         if exp.samples:
-            cmp = launchstats.compare_launches(launches, exp.launches or [exp.samples], exp.tolerance,
-                                         self.confidence, statistic=exp.launch_statistic,
-                                         spread=exp.launch_spread)
+            cmp = launchstats.compare_launches(launches, exp.launches or [exp.samples],
+                                               exp.tolerance, self.confidence,
+                                               statistic=exp.launch_statistic,
+                                               spread=exp.launch_spread)
             expected = stats.summary(exp.samples)["median"]
         else:  # one number (a paper's table): one launch of the baseline, its typical step
-            cmp = launchstats.compare_launches(launches, [[exp.value]], exp.tolerance, self.confidence,
-                                         statistic="median", spread=exp.launch_spread)
+            cmp = launchstats.compare_launches(launches, [[exp.value]], exp.tolerance,
+                                               self.confidence, statistic="median",
+                                               spread=exp.launch_spread)
             expected = exp.value
         return _from_comparison(self.name, self.metric, data.get("unit", "s"), cmp,
                                 stats.summary(observed)["median"], expected, exp, cell)
@@ -375,13 +377,14 @@ class WorkCountersUnchanged:
         unstable = set(measured.get("unstable", [])) | set(base.unstable)
         changes = counters.diff(measured["per_step"], base.per_step, base.tolerance, unstable)
         lines = counters.describe(changes)
+        if len(lines) > 12:
+            lines = lines[:12] + [f"... {len(lines) - 12} more"]
         judged = len(set(measured["per_step"]) | set(base.per_step)) - len(unstable)
-        where = f"against {base.source or base.cell}"
-        message = (f"work counters {'changed' if changes else 'unchanged'} {where}: "
-                   + ("; ".join(lines[:12]) + (f"; ... {len(lines) - 12} more" if len(lines) > 12
-                                               else "") if changes else f"{judged} counters per step equal")
-                   + (f" (not judged, unstable between steps or launches: {', '.join(sorted(unstable))})"
-                      if unstable else ""))
+        message = (f"work counters {'changed' if changes else 'unchanged'} against "
+                   f"{base.source or base.cell}: "
+                   + ("; ".join(lines) if changes else f"{judged} counters per step equal"))
+        if unstable:
+            message += f" (not judged, unstable between steps or launches: {', '.join(sorted(unstable))})"
         return Verdict(self.name, "fail" if changes else "pass", float(len(changes)), 0.0,
                        metric=self.metric, unit="changed counters", baseline=base.source or None,
                        message=message, cell=cell)

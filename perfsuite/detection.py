@@ -35,7 +35,7 @@ import numpy as np
 from perfsuite import cells, launchstats
 from perfsuite.baselines import find_counters, load_all
 from perfsuite.fsutil import atomic_write_json
-from perfsuite.judge import judge, needs_more_steps
+from perfsuite.judge import judge, needs_more_launches
 from perfsuite.launch import LaunchOptions, run_cell
 from perfsuite.recording import record_run
 from perfsuite.results import SCHEMA, merge_repeats
@@ -124,7 +124,7 @@ def run_trial(cell: cells.Cell, trial_dir: Path, launches: int,
             merged = merge_repeats(launcher.launched[group])
             judged = judge(cell, merged, None, sets, {"trusted": True})
             checks[group] = {**_step_check(judged, merged), "remeasured": round_}
-        pending = tuple(g for g in pending if needs_more_steps([checks[g]]))
+        pending = tuple(g for g in pending if needs_more_launches([checks[g]]))
         if not pending:
             break
     values = {group: launchstats.launch_values([r["metrics"]["step_time"]["samples"] for r in results],

@@ -133,8 +133,8 @@ def judge(cell: Cell, result: dict[str, Any], twin_of=None, sets: list | None = 
     return distrust(checks, assessment or {})
 
 
-def needs_more_steps(checks: list[dict[str, Any]]) -> bool:
-    """A step-time comparison the samples could not decide: measure more."""
+def needs_more_launches(checks: list[dict[str, Any]]) -> bool:
+    """A step-time comparison the launches could not decide: launch more."""
     return any(c["verdict"] == "unknown" and c.get("metric") == "step_time" for c in checks)
 
 

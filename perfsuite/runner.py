@@ -113,7 +113,7 @@ class Runner:
         return self.result(twin)
 
     def _measure(self, cell: Cell) -> dict[str, Any]:
-        from perfsuite.judge import judge, needs_more_steps
+        from perfsuite.judge import judge, needs_more_launches
         from perfsuite.launch import run_cell
         from perfsuite.results import merge_repeats
 
@@ -129,7 +129,7 @@ class Runner:
                 result = merge_repeats(launches)
             result["checks"] = judge(cell, result, self._twin, self.baseline_sets, assessment)
             if (round_ == REMEASURE_ROUNDS or self.repeats == 1
-                    or not needs_more_steps(result["checks"])):
+                    or not needs_more_launches(result["checks"])):
                 break
         result["remeasured"] = round_
         return result

@@ -3,7 +3,7 @@
 import random
 
 from perfsuite import cells
-from perfsuite.judge import distrust, failures, judge, needs_more_steps
+from perfsuite.judge import distrust, failures, judge, needs_more_launches
 
 
 def measured(cell, samples, accuracy=0.95, env=None):
@@ -71,8 +71,8 @@ def test_flagged_node_turns_regressions_untrustworthy():
 
 
 def test_unknown_step_time_asks_for_more_steps():
-    assert needs_more_steps([{"name": "step_time", "metric": "step_time", "verdict": "unknown"}])
-    assert not needs_more_steps([{"name": "step_time", "metric": "step_time", "verdict": "same"}])
+    assert needs_more_launches([{"name": "step_time", "metric": "step_time", "verdict": "unknown"}])
+    assert not needs_more_launches([{"name": "step_time", "metric": "step_time", "verdict": "same"}])
 
 
 def test_llm_smoke_loss_must_fall():
