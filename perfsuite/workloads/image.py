@@ -237,7 +237,7 @@ def run(cell: Cell, ctx: RankContext) -> dict[str, Any]:
         "h2d_bytes": metric(moved_bytes, "bytes"),
         **peak_memory(device),
     }
-    counters, counted = None, time.perf_counter()
+    counters, window_started = None, time.perf_counter()
     window = int(ctx.options.get("count_steps", counting.DEFAULT_WINDOW_STEPS))
     if window > 0:  # after the timed steps, on the same ranks, so every rank counts alike
         ctx.report_progress(step_index, "count")
@@ -246,7 +246,7 @@ def run(cell: Cell, ctx: RankContext) -> dict[str, Any]:
             train_step(*next_batch(batches))  # and its first step (sampler set-up) uncounted
         counters = counting.count_window(lambda: train_step(*next_batch(batches)), device,
                                          window)
-    counted = time.perf_counter() - counted
+    window_s = time.perf_counter() - window_started
     if cell.min_accuracy > 0:  # chance-level accuracy of a brief run tells nothing
         ctx.report_progress(step_index, "evaluate")
         metrics["accuracy"] = metric(evaluate(cell, ctx, module, test_set), "fraction")
@@ -260,4 +260,4 @@ def run(cell: Cell, ctx: RankContext) -> dict[str, Any]:
                      "pin_memory_effective": cell.pin_memory and device.type == "cuda",
                      "images_per_step": images_per_step(cell),
                      "train_images": len(train_set), "test_images": len(test_set),
-                     "torch_threads": torch.get_num_threads(), "count_window_s": counted}}
+                     "torch_threads": torch.get_num_threads(), "count_window_s": window_s}}
