@@ -58,10 +58,15 @@ def fingerprint(env: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
+def utc_stamp() -> str:
+    """Now, as recorded rows and counter entries spell it."""
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def rows_from_run(results: Mapping[str, Any] | list,
                   date: str | None = None) -> tuple[pd.DataFrame, dict[str, list[float]]]:
     """metrics.csv rows and samples.json entries for every ok cell of a run."""
-    date = date or _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    date = date or utc_stamp()
     run_env = (results.get("env") or {}) if isinstance(results, Mapping) else {}
     rows, samples = [], {}
     for cell in (c for c in run_cells(results) if c.get("status") == "ok"):
@@ -203,7 +208,7 @@ def record_run(results: Mapping[str, Any] | list, profile_id: str | None = None,
         raise BaselineError(f"{folder} holds {old.kind} baselines of "
                             f"{old.hardware}; refusing to overwrite it with "
                             f"{profile_id} results unless forced")
-    date = date or _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    date = date or utc_stamp()
     new_rows, samples = rows_from_run(results, date)
     counted = counter_entries(results, date)
     if new_rows.empty and not counted:
