@@ -22,8 +22,9 @@ FAST = {"deadline": None, "max_examples": 40}
 def test_a_large_enough_shift_between_launches_is_always_called(values, tol):
     # Every new launch beyond every old one by more than the tolerance: the
     # rank test over launches sees complete separation (4 a side: p = 0.029).
+    # Faster must clear 1 - tol, which needs a larger factor than 1 + tol.
     base = [[v] for v in values]
-    shift = max(values) / min(values) * (1 + tol) * 1.01
+    shift = max(values) / min(values) * max(1 + tol, 1 / (1 - tol)) * 1.01
     slower, faster = [[v * shift] for v in values], [[v / shift] for v in values]
     assert launchstats.compare_launches(slower, base, tol).verdict == "regressed"
     assert launchstats.compare_launches(faster, base, tol).verdict == "improved"
