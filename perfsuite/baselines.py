@@ -10,6 +10,7 @@ is not available and says why, never a pass.
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import os
@@ -44,8 +45,22 @@ REQUIRED = {METRICS_FILE: ("id", "metric", "value", "unit", "better", "tolerance
             RATIOS_FILE: ("id", "metric", "reference", "tolerance", "source"),
             FINDINGS_FILE: ("id", "metric", "reference", "tolerance", "source")}
 
-PORTABLE_METRICS = frozenset({"accuracy"})  # all but these and ratios are absolute
+# The metric names a row may carry, one list per kind of table. A row naming
+# anything else would match no check and quietly leave it without a
+# baseline, so rows are validated against these (_row_problems). They are the
+# names something reads from baselines or writes into them:
+# - metrics.csv: perfsuite/checks.py judges step_time, peak_mem_allocated,
+#   peak_rss and accuracy, and derives a recorded folder's ratios from its
+#   throughput and step_time rows (_candidates); perfsuite/report/paper.py
+#   draws the papers' rows (total_time, step_time, accuracy);
+#   perfsuite/recording.py records the metrics of its RECORDED_TOLERANCE
+#   (tests/unit/test_baselines.py keeps that list within this one);
+#   baselines/README.md lists them for people.
+# - ratios.csv, findings.csv: the cross-cell checks' metrics (checks.CROSS_CELL).
+METRIC_NAMES = frozenset({"step_time", "throughput", "total_time", "epoch_time", "accuracy",
+                          "peak_mem_allocated", "peak_mem_reserved", "peak_rss", "h2d_bytes"})
 RATIO_METRICS = frozenset({"speedup", "step_time_ratio"})
+PORTABLE_METRICS = frozenset({"accuracy"})  # all but these and ratios are absolute
 HIGHER_IS_BETTER = frozenset({"throughput", "accuracy", "speedup"})
 # What a launch contributes to a launch-level verdict; a profile's noise decides (profile.json).
 LAUNCH_STATISTICS = tuple(launchstats.LAUNCH_STATISTICS)
@@ -59,10 +74,36 @@ class BaselineError(ValueError):
     """A baseline file or request that cannot be used as it stands."""
 
 
+ROOT_ENV = "PERFSUITE_BASELINES"
+PROJECT_BASELINES = Path(__file__).resolve().parent.parent / "baselines"  # absent when installed
+
+
 def default_root() -> Path:
     """``$PERFSUITE_BASELINES`` or the repository's ``baselines/``."""
-    env = os.environ.get("PERFSUITE_BASELINES")
-    return Path(env) if env else Path(__file__).resolve().parent.parent / "baselines"
+    env = os.environ.get(ROOT_ENV)
+    return Path(env) if env else PROJECT_BASELINES
+
+
+def _usable_root(root: Path | str | None) -> Path | None:
+    """The baselines root to read; None where the suite was installed without
+    its baselines/ and nothing else was asked for (then every check says it
+    has no comparable baseline). A root that was asked for, by argument or
+    $PERFSUITE_BASELINES, must be one: a misspelt path would otherwise read
+    as "no baselines" and quietly turn every check into a skip."""
+    if root is None and not os.environ.get(ROOT_ENV):
+        return PROJECT_BASELINES if PROJECT_BASELINES.is_dir() else None
+    given = "" if root is not None else f" (from ${ROOT_ENV})"
+    root = Path(root) if root is not None else default_root()
+    how = (f"the default is the project's {PROJECT_BASELINES}; pass another root with --perf-baselines "
+           f"DIR (pytest), --baselines DIR (perfsuite run) or ${ROOT_ENV}=DIR, or leave them unset")
+    if not root.exists():
+        raise BaselineError(f"{root}: baselines root does not exist{given}; {how}")
+    if not root.is_dir():
+        raise BaselineError(f"{root}: baselines root is not a directory{given}; {how}")
+    if (root / PROFILE_FILE).is_file():
+        raise BaselineError(f"{root}: one baseline folder (it holds {PROFILE_FILE}), not a baselines "
+                            f"root{given}; pass the folder above it, {root.parent}")
+    return root
 
 
 def norm(value: Any) -> str:
@@ -200,9 +241,24 @@ def parse_number(text: str) -> float | None:
     return float(text) if str(text).strip() else None  # blank: not given
 
 
+def _metric_problem(metric: str, ratio_file: bool) -> str | None:
+    """Why a row's metric name is not one its table can hold (None: it is)."""
+    known, other = (RATIO_METRICS, METRIC_NAMES) if ratio_file else (METRIC_NAMES, RATIO_METRICS)
+    if not metric or metric in known:
+        return None  # an empty one is named with the other empty columns
+    tables = f"{RATIOS_FILE} and {FINDINGS_FILE}" if ratio_file else METRICS_FILE
+    if metric in other:
+        return (f"metric {metric!r} belongs in {f'{RATIOS_FILE} or {FINDINGS_FILE}' if not ratio_file else METRICS_FILE}"
+                f"; rows of {tables} name one of {', '.join(sorted(known))}")
+    close = difflib.get_close_matches(metric.strip().lower(), sorted(known), n=1)
+    guess = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"unknown metric {metric!r}{guess}; known metrics for {tables}: {', '.join(sorted(known))}"
+
+
 def _row_problems(row: Mapping[str, str], ratio_file: bool, samples: Mapping) -> list[str]:
     problems = [f"'{c}' is empty; every row needs it"
                 for c in ("id", "metric", "source", "tolerance") if not row[c]]
+    problems += [p for p in [_metric_problem(row["metric"], ratio_file)] if p]
     for col, check in [(c, parse_number) for c in ("value", "low", "high", "tolerance")] + [
             ("reference", parse_reference)] * ratio_file:
         try:
@@ -290,9 +346,14 @@ def load_profile(path: Path | str) -> BaselineSet:
 
 
 def load_all(root: Path | str | None = None) -> list[BaselineSet]:
-    root = Path(root) if root is not None else default_root()
+    """Every folder of a baselines root (default: ``default_root()``), validated.
+
+    A root that was given (argument or $PERFSUITE_BASELINES) and is not a
+    directory of folders is a BaselineError; the project's own baselines/
+    may be absent (an installed suite): then there are none."""
+    root = _usable_root(root)
     return [load_profile(p) for p in sorted(root.iterdir())
-            if p.is_dir() and not p.name.startswith((".", "_"))] if root.is_dir() else []
+            if p.is_dir() and not p.name.startswith((".", "_"))] if root is not None else []
 
 
 def row_matches(row: Mapping[str, Any], params: Mapping[str, Any]) -> bool:

@@ -16,50 +16,79 @@ def _cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+class UsageProblem(Exception):
+    """A command-line problem found before anything was measured: exit 2."""
+
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNDECIDED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
-    from perfsuite.judge import failures
-    from perfsuite.report import probe_lines, summary_lines
-    from perfsuite.runner import Runner, default_out_dir, handle_sigterm, launch_options
+    from perfsuite.baselines import BaselineError
+    from perfsuite.runner import Runner, SessionError, default_out_dir, handle_sigterm, launch_options
 
     if not args.ids and not args.tier:
-        raise SystemExit("perfsuite run: give cell ids or --tier; `perfsuite list` prints ids")
+        raise UsageProblem("perfsuite run: give cell ids or --tier; `perfsuite list` prints ids")
     chosen = cells_mod.select(tier=args.tier, workload=args.workload, ids=args.ids)
     try:
         launch = launch_options(
             data_dir=args.data_dir, options=args.option, timeout=args.timeout,
             profiler=args.profile, gpus=args.gpus, nnodes=args.nnodes,
             rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id, slurm=args.slurm)
+        if args.repeats < 1:
+            raise ValueError("--repeats must be at least 1")
     except ValueError as err:
-        raise SystemExit(f"perfsuite run: {err}") from None
+        raise UsageProblem(f"perfsuite run: {err}") from None
     launch.on_progress = lambda cell, line: print(f"    {cell.id}: {line}", flush=True)
-    if args.repeats < 1:
-        raise SystemExit("perfsuite run: --repeats must be at least 1")
     runner = Runner(args.out or default_out_dir(), launch, resume=args.resume,
-                    repeats=args.repeats,
-                    baselines=args.baselines, probe=not args.no_probe)
-    handle_sigterm()
-    bad = 0
+                    repeats=args.repeats, baselines=args.baselines, probe=not args.no_probe,
+                    overwrite=args.overwrite, on_notice=lambda line: print(f"perfsuite: {line}"))
     try:
-        for i, cell in enumerate(chosen, 1):
-            print(f"[{i}/{len(chosen)}] {cell.id} ...", flush=True)
-            result = runner.result(cell)
-            bad += result["status"] not in ("ok", "skipped") or bool(failures(result))
-            if i == 1:
-                print("\n".join(probe_lines(runner.probe)), flush=True)
-            print("\n".join("    " + line for line in summary_lines([result])), flush=True)
+        runner.begin()
+    except (SessionError, BaselineError) as err:
+        raise UsageProblem(f"perfsuite run: {err}") from None
+    handle_sigterm()
+    try:
+        return _run_cells(runner, chosen, args.fail_on_skipped)
     except KeyboardInterrupt as stop:
-        print(f"interrupted ({stop or 'Ctrl-C'}): {len(runner.results)} cell(s) kept in "
+        print(f"interrupted ({str(stop) or 'Ctrl-C'}): {len(runner.results)} cell(s) kept in "
               f"{runner.out_dir / 'results.json'}", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
+    except OSError as err:  # a full disk, a mount gone read-only
+        print(f"perfsuite run: cannot write the results ({err}); {len(runner.results)} cell(s) "
+              f"measured, each also kept in its cell directory under {runner.out_dir / 'cells'}",
+              file=sys.stderr)
+        return EXIT_USAGE
+    finally:
+        runner.end()
+
+
+def _run_cells(runner, chosen: list, fail_on_skipped: bool) -> int:
+    from perfsuite.judge import failures
+    from perfsuite.report import probe_lines, skipped_lines, summary_lines
+
+    bad = 0
+    for i, cell in enumerate(chosen, 1):
+        print(f"[{i}/{len(chosen)}] {cell.id} ...", flush=True)
+        result = runner.result(cell)
+        skipped = result["status"] == "skipped" or any(
+            c["verdict"] == "skipped" for c in result.get("checks", []))
+        bad += (result["status"] not in ("ok", "skipped") or bool(failures(result))
+                or (fail_on_skipped and skipped))
+        if i == 1:
+            print("\n".join(probe_lines(runner.probe)), flush=True)
+        print("\n".join("    " + line for line in summary_lines([result])), flush=True)
+    for line in skipped_lines(runner.results):
+        print(line)
     kept = [r for r in runner.results if not r.get("partner")]
     if not kept:
         print("no result written here")
-        return 1 if bad else 0
+        return EXIT_FAILED if bad else EXIT_OK
     print(f"results: {runner.file.path}")
     from perfsuite.report.html import write_reports
 
     print(f"report: {write_reports(runner.out_dir)['report_html']}")
-    return 1 if bad else 0
+    return EXIT_FAILED if bad else EXIT_OK
 
 
 def _load_run(path: Path) -> dict:
@@ -67,20 +96,28 @@ def _load_run(path: Path) -> dict:
 
     try:
         return load(path)
-    except (FileNotFoundError, ValueError) as err:
-        raise SystemExit(f"perfsuite: {err}") from None
+    except (OSError, ValueError) as err:
+        raise UsageProblem(f"perfsuite: {err}") from None
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
     from perfsuite.comparing import compare_runs
 
-    verdicts = compare_runs(_load_run(args.run_a), _load_run(args.run_b),
-                            tolerance=args.tolerance, confidence=args.confidence,
+    run_a, run_b = _load_run(args.run_a), _load_run(args.run_b)
+    verdicts = compare_runs(run_a, run_b, tolerance=args.tolerance, confidence=args.confidence,
                             allow_other_hardware=args.allow_other_hardware,
                             launch_statistic=args.launch_statistic)
     for v in verdicts:
         print(f"{v.get('cell')}  {v['name']:<24} {v['verdict'].upper():<10} {v.get('message', '')}")
-    return 1 if any(v["verdict"] in ("regressed", "fail") for v in verdicts) else 0
+    if any(v["verdict"] in ("regressed", "fail") for v in verdicts):
+        return EXIT_FAILED
+    shared = {c["id"] for c in run_a["cells"]} & {c["id"] for c in run_b["cells"]}
+    if not shared:  # nothing compared is not a pass
+        print(f"perfsuite compare: the two runs share no cell ({args.run_a}: "
+              f"{len(run_a['cells'])} cell(s), {args.run_b}: {len(run_b['cells'])}); "
+              "nothing was compared", file=sys.stderr)
+        return EXIT_UNDECIDED
+    return EXIT_OK
 
 
 def _cmd_baseline_record(args: argparse.Namespace) -> int:
@@ -288,6 +325,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="launch every cell N times (from 4, verdicts weigh their spread)")
     p.add_argument("--resume", action="store_true",
                    help="keep cells an earlier run into --out measured fully")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the run already in --out (refused otherwise)")
+    p.add_argument("--fail-on-skipped", action="store_true",
+                   help="exit 1 when a comparison could not be made (no comparable baseline, "
+                        "a skipped cell): for CI, where a green run must have judged something")
     p.add_argument("--gpus", metavar="0,1", help="GPUs this run may use")
     p.add_argument("--nnodes", type=int, default=1, help="nodes a cell spans (c10d)")
     p.add_argument("--rdzv-endpoint", metavar="HOST:PORT")
@@ -394,12 +436,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import signal
+    import threading
+
     args = build_parser().parse_args(argv)
+    # `perfsuite list | head -1`: end of SIGPIPE, quietly, as other command-line
+    # tools do, not in a BrokenPipeError traceback. Only as the console script
+    # (argv None; a caller in-process, pytest included, keeps Python's handling),
+    # and not for the commands whose ranks run in sessions of their own: their
+    # BrokenPipeError unwinds through the code that ends the ranks, where SIGPIPE
+    # would kill this process alone and leave them running.
+    if (argv is None and hasattr(signal, "SIGPIPE") and args.command not in ("run", "ab", "detection")
+            and threading.current_thread() is threading.main_thread()):
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     try:
         return args.func(args)
-    except cells_mod.CellError as err:
-        print(f"perfsuite: {err}", file=sys.stderr)
-        return 2
+    except (cells_mod.CellError, UsageProblem) as err:
+        print(f"perfsuite: {err}" if isinstance(err, cells_mod.CellError) else str(err),
+              file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ No launcher of our own: each cell is one ``python -m torch.distributed.run``
 invocation (under ``srun`` on SLURM). On one node ``--standalone`` gives every
 cell a fresh c10d rendezvous on a free local port, so cells (and two suite
 runs on one machine) never share a port. The whole process tree lives in its
-own session so a timeout or an interruption can end all of it.
+own session so a timeout or an interruption can end all of it, and dies with
+the launcher, also with one killed by SIGKILL (perfsuite.agent.die_with_parent,
+perfsuite.worker.watch_launcher).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -207,6 +210,17 @@ def timeline(started: float, ended: float, record: dict | None,
             "exit": ended - record["finished"]}
 
 
+def launcher_env() -> dict[str, str]:
+    """This process, for its ranks: those on this host end once it is gone,
+    also when it was killed with SIGKILL (see perfsuite.worker.watch_launcher).
+    Its start time tells it from a later process given the same pid."""
+    import psutil
+
+    return {"PERFSUITE_LAUNCHER_PID": str(os.getpid()),
+            "PERFSUITE_LAUNCHER_START": repr(psutil.Process().create_time()),
+            "PERFSUITE_LAUNCHER_HOST": socket.gethostname()}
+
+
 def run_cell(cell: Cell, out_dir: Path, opts: LaunchOptions | None = None) -> dict[str, Any]:
     """Run ``cell`` and return its result (a dict in the results schema)."""
     opts = opts or LaunchOptions()
@@ -214,8 +228,13 @@ def run_cell(cell: Cell, out_dir: Path, opts: LaunchOptions | None = None) -> di
         plan = multinode.plan(cell, opts.nodes)
     except multinode.PlanError as err:
         return skipped_result(cell, str(err))
-    present = len(opts.gpus) if opts.gpus is not None else (
-        gpus_present() if cell.device == "cuda" else 0)
+    present = gpus_present() if cell.device == "cuda" else 0
+    if cell.device == "cuda" and opts.gpus is not None:
+        missing = [g for g in opts.gpus if g >= present]
+        if missing:
+            return skipped_result(cell, f"GPU(s) {','.join(map(str, missing))} given with --gpus "
+                                        f"are not present ({present} GPU(s) here)")
+        present = len(opts.gpus)
     if cell.device == "cuda" and plan.procs_per_node > present:
         return skipped_result(cell, f"needs {plan.procs_per_node * plan.nnodes} GPU(s)"
                                     f"{' per node' if plan.nnodes > 1 else ''}, "
@@ -231,7 +250,8 @@ def run_cell(cell: Cell, out_dir: Path, opts: LaunchOptions | None = None) -> di
     timeout = opts.timeout_s or cell.timeout_s
     token = plan.run_token
     env = {**os.environ, **opts.env, "PYTHONUNBUFFERED": "1", "PERFSUITE_PROFILER": profiler,
-           "PERFSUITE_PROFILE_DIR": str(directory / "profile"), "PERFSUITE_RUN_TOKEN": token}
+           "PERFSUITE_PROFILE_DIR": str(directory / "profile"), "PERFSUITE_RUN_TOKEN": token,
+           **launcher_env()}
     if opts.gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, opts.gpus))
     # The cores split between the node's ranks with one left for the torchrun
@@ -249,7 +269,7 @@ def run_cell(cell: Cell, out_dir: Path, opts: LaunchOptions | None = None) -> di
             proc = agent.ForkedAgent(argv, log.fileno(), env)
         else:
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                    start_new_session=True)
+                                    start_new_session=True, preexec_fn=agent.die_with_me())
         try:
             returncode = _wait(proc, timeout, cell, directory, opts.on_progress)
         except subprocess.TimeoutExpired:

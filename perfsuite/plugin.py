@@ -46,6 +46,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "step-time verdict weighs the spread between launches")
     group.addoption("--perf-resume", action="store_true",
                     help="keep cells an earlier run into --perf-out measured fully")
+    group.addoption("--perf-overwrite", action="store_true",
+                    help="replace the run already in --perf-out (refused otherwise)")
+    group.addoption("--perf-fail-on-skipped", action="store_true",
+                    help="a comparison that could not be made (no comparable baseline, a "
+                         "skipped cell) fails its test: for CI, where a green run must have "
+                         "judged something")
     group.addoption("--perf-gpus", default=None, metavar="0,1",
                     help="GPUs this session may use (CUDA_VISIBLE_DEVICES for its cells)")
     group.addoption("--perf-nnodes", type=int, default=1, metavar="N",
@@ -75,12 +81,18 @@ def _session_runner(config: pytest.Config) -> Runner:
         if reporter is not None:
             reporter.write_line(f"    {cell.id}: {line}")
 
+    def on_notice(line: str) -> None:
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"perfsuite: {line}")
+
     launch.on_progress = on_progress
     out = get("--perf-out") or default_out_dir(config.rootpath)
     if get("--perf-repeats") < 1:
         raise pytest.UsageError("perfsuite: --perf-repeats must be at least 1")
     return Runner(out, launch, resume=get("--perf-resume"), baselines=get("--perf-baselines"),
-                  probe=not get("--perf-no-probe"), repeats=get("--perf-repeats"))
+                  probe=not get("--perf-no-probe"), repeats=get("--perf-repeats"),
+                  overwrite=get("--perf-overwrite"), on_notice=on_notice)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -90,8 +102,27 @@ def pytest_configure(config: pytest.Config) -> None:
     except cells_mod.CellError as err:
         raise pytest.UsageError(str(err)) from None
     config.stash[SESSION_KEY] = _session_runner(config)
-    if config.pluginmanager.hasplugin("terminalreporter") and not hasattr(config, "workerinput"):
+    if not _xdist_worker(config):  # a CI cancel: end the running cell, keep the rest, report
         config.stash[PREVIOUS_SIGTERM] = handle_sigterm()
+
+
+def _xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Check what the session's cells need before the first is launched."""
+    config = session.config
+    measured = [item for item in session.items if "perf_cell" in getattr(item, "fixturenames", ())]
+    if not measured or config.option.collectonly or _xdist_worker(config):
+        return
+    from perfsuite.baselines import BaselineError
+    from perfsuite.runner import SessionError
+
+    try:
+        config.stash[SESSION_KEY].begin()
+    except (SessionError, BaselineError) as err:
+        raise pytest.UsageError(f"perfsuite: {err}") from None
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -100,6 +131,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     previous = config.stash.get(PREVIOUS_SIGTERM, None)
     if previous is not None:
         signal.signal(signal.SIGTERM, previous)
+    session = config.stash.get(SESSION_KEY, None)
+    if session is not None:
+        session.end()
 
 
 def selected_cells(config: pytest.Config, workload: str | None) -> list[cells_mod.Cell]:
@@ -126,18 +160,28 @@ def perf_session(request: pytest.FixtureRequest) -> Runner:
 @pytest.fixture
 def perf_result(perf_cell, perf_session: Runner, request) -> dict[str, Any]:
     """The measured result of this test's cell; skips or fails with the reason."""
+    if _xdist_worker(request.config):
+        pytest.fail(f"{perf_cell.id}: perfsuite cells do not run under pytest-xdist: its workers "
+                    "would measure on top of each other and each rewrite results.json. Run the "
+                    "perf tests in one process (-n 0, or -p no:xdist)", pytrace=False)
     result = perf_session.result(perf_cell)
     for name, value in report.junit_properties(result):
         request.node.user_properties.append((name, value))
     request.node.add_report_section("call", "perfsuite", report.cell_text(result))
     _record_in_benchmark(request, result)
+    strict = request.config.getoption("--perf-fail-on-skipped")
     if result["status"] == "skipped":
-        pytest.skip(f"{perf_cell.id}: {result['reason']}")
+        (pytest.fail if strict else pytest.skip)(f"{perf_cell.id}: {result['reason']}")
     if result["status"] != "ok":
         tail = result.get("output_tail", "")
         pytest.fail(f"{perf_cell.id}: {result['status']}: {result['reason']}\n"
                     f"--- output tail ({result.get('dir')}/output.log) ---\n{tail}",
                     pytrace=False)
+    skipped = [c for c in result.get("checks", []) if c["verdict"] == "skipped"]
+    if strict and skipped:
+        pytest.fail(f"{perf_cell.id}: {len(skipped)} comparison(s) could not be made "
+                    "(--perf-fail-on-skipped):\n" + "\n".join(
+                        f"  {c['name']}: {c.get('message')}" for c in skipped), pytrace=False)
     return result
 
 
@@ -160,6 +204,25 @@ def _record_in_benchmark(request: pytest.FixtureRequest, result: dict[str, Any])
                                  "metric": "step_time", "unit": "s"})
 
 
+REPORT_PATHS = pytest.StashKey[object]()
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus):
+    """Write the report before any other plugin's end of session can raise
+    (pytest-benchmark's --benchmark-compare-fail does)."""
+    runner: Runner = session.config.stash.get(SESSION_KEY, None)
+    if runner is not None and runner.results and runner.file.path.exists():
+        try:  # the report is for people; it never changes the session's outcome
+            from perfsuite.report.html import write_reports
+
+            session.config.stash[REPORT_PATHS] = write_reports(runner.file.path.parent)
+        except Exception as err:  # noqa: BLE001
+            session.config.stash[REPORT_PATHS] = f"{type(err).__name__}: {err}"
+    yield
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
     session: Runner = config.stash.get(SESSION_KEY, None)
     if session is None or not session.results:
@@ -167,13 +230,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     terminalreporter.section("perfsuite")
     for line in report.probe_lines(session.probe):
         terminalreporter.write_line(line)
-    for line in report.summary_lines(session.results):
+    for line in report.summary_lines(session.results) + report.skipped_lines(session.results):
         terminalreporter.write_line(line)
     terminalreporter.write_line(f"results: {session.file.path}")
-    try:  # the report is for people; it never changes the session's outcome
-        from perfsuite.report.html import write_reports
-
-        paths = write_reports(session.file.path.parent)
-        terminalreporter.write_line(f"report: {paths['report_html']}")
-    except Exception as err:  # noqa: BLE001
-        terminalreporter.write_line(f"report not written: {type(err).__name__}: {err}")
+    written = config.stash.get(REPORT_PATHS, None)
+    if isinstance(written, dict):
+        terminalreporter.write_line(f"report: {written['report_html']}")
+    elif written is not None:
+        terminalreporter.write_line(f"report not written: {written}")

@@ -43,8 +43,11 @@ from perfsuite.baselines import (
     run_profile,
 )
 from perfsuite.fsutil import atomic_write_text
+from perfsuite.locking import FolderLock, LockBusy
 
 # The metrics record_run keeps, each with the tolerance a new row gets.
+RECORD_LOCK_WAIT_S = 600.0  # another record of the folder is writing: wait, then merge
+
 RECORDED_TOLERANCE = {"step_time": 0.05, "throughput": 0.05, "epoch_time": 0.05,
                       "total_time": 0.10, "accuracy": 0.02, "peak_mem_allocated": 0.05,
                       "peak_mem_reserved": 0.05, "peak_rss": 0.10, "h2d_bytes": 0.01}
@@ -203,6 +206,23 @@ def record_run(results: Mapping[str, Any] | list, profile_id: str | None = None,
         raise BaselineError(f"these results were measured on {measured_on}, not {profile_id}; "
                             "record them under their own profile, or force it")
     folder = (Path(root) if root is not None else default_root()) / profile_id
+    if not write:
+        return _plan(results, profile_id, folder, force, False, date, launch_statistic)
+    # Read, merge and write under the root's lock (the folder may not exist
+    # yet): a second record at the same time waits, then merges with what the
+    # first wrote.
+    try:
+        with FolderLock(folder.parent, "baseline record", wait_s=RECORD_LOCK_WAIT_S):
+            return _plan(results, profile_id, folder, force, True, date, launch_statistic)
+    except LockBusy as err:
+        raise BaselineError(str(err)) from None
+    except OSError as err:
+        raise BaselineError(f"{folder}: cannot write the baseline ({err.strerror or err}); "
+                            "record into a folder you can write (--root DIR)") from None
+
+
+def _plan(results: Mapping[str, Any] | list, profile_id: str, folder: Path, force: bool,
+          write: bool, date: str | None, launch_statistic: str | None) -> RecordPlan:
     old = load_profile(folder) if (folder / PROFILE_FILE).exists() else None
     if old and not force and (old.kind == "paper" or not old.matches(profile_id)):
         raise BaselineError(f"{folder} holds {old.kind} baselines of "

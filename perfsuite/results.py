@@ -2,11 +2,14 @@
 
 Schema ``perfsuite.results/1`` (see README): a run object with its env and a
 list of cells; each cell has id, params, status, reason, env, metrics (value,
-unit; step_time also samples and their summary) and checks.
+unit; step_time also samples and their summary) and checks. Its JSON Schema
+is ``SCHEMA_FILE``; ``load`` checks every file it reads against it.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 import time
 from pathlib import Path
@@ -21,6 +24,10 @@ from perfsuite.stats import summary
 
 SCHEMA = "perfsuite.results/1"
 STATUSES = ("ok", "failed", "error", "timeout", "skipped")
+# The JSON Schema (draft 2020-12) of SCHEMA, shipped as package data, for
+# other tools to validate results.json with.
+SCHEMA_FILE = Path(__file__).resolve().parent / "schemas" / "results.schema.json"
+MAX_PROBLEMS = 3  # schema problems a load error lists
 
 # How each metric of the ranks becomes the cell's. A data-parallel step ends
 # when its slowest rank ends, so step times take the per-step maximum.
@@ -184,10 +191,54 @@ class ResultsFile:
         atomic_write_json(self.path, _json_safe(self.data))
 
 
-def load(path: Path | str) -> dict[str, Any]:
-    """A results.json (or a run directory holding one), checked for its schema."""
-    import json
+@functools.lru_cache(maxsize=1)
+def _validator() -> Any:
+    from jsonschema import Draft202012Validator
 
+    return Draft202012Validator(json.loads(SCHEMA_FILE.read_text(encoding="utf-8")))
+
+
+_JSON_TYPES = {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
+               type(None): "null", int: "a number", float: "a number"}
+
+
+def _problem(error: Any) -> str:
+    """One schema error as ``json/path: message``, a long value cut short."""
+    where = "/".join(str(p) for p in error.absolute_path) or "(top level)"
+    message = error.message
+    if len(message) > 200:
+        if error.validator == "type":
+            kind = _JSON_TYPES.get(type(error.instance), type(error.instance).__name__)
+            expected = error.validator_value
+            expected = expected if isinstance(expected, str) else "', '".join(expected)
+            message = f"{kind} is not of type '{expected}'"
+        else:
+            message = message[:160] + " ..."
+    return f"{where}: {message}"
+
+
+def _path_key(error: Any) -> tuple:
+    return tuple((0, p, "") if isinstance(p, int) else (1, 0, str(p)) for p in error.absolute_path)
+
+
+def validate(data: Any, path: Path | str = "results.json") -> None:
+    """Raise ValueError naming ``path`` and the first problems (JSON path:
+    message) when ``data`` is not a valid ``perfsuite.results/1`` document."""
+    errors = sorted(_validator().iter_errors(data), key=_path_key)
+    if not errors:
+        return
+    lines = [f"{path}: {_problem(e)}" for e in errors[:MAX_PROBLEMS]]
+    if len(errors) > MAX_PROBLEMS:
+        lines.append(f"... and {len(errors) - MAX_PROBLEMS} more problem(s)")
+    lines.append(f"{path} does not match the {SCHEMA} schema ({SCHEMA_FILE}): it was edited or "
+                 "written by another tool; fix the fields named above, or measure the run again "
+                 "(pytest --perf-out DIR, or perfsuite run --out DIR)")
+    raise ValueError("\n".join(lines))
+
+
+def load(path: Path | str) -> dict[str, Any]:
+    """A results.json (or a run directory holding one), checked against its
+    schema (``SCHEMA_FILE``)."""
     path = Path(path)
     if path.is_dir():
         path = path / "results.json"
@@ -198,6 +249,11 @@ def load(path: Path | str) -> dict[str, Any]:
                                 "--perf-out DIR first") from None
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: not valid JSON ({err})") from None
+    if not isinstance(data, dict):
+        kind = _JSON_TYPES.get(type(data), type(data).__name__)
+        raise ValueError(f"{path}: a JSON {kind.split()[-1]}, expected an object with "
+                         f"schema {SCHEMA!r}")
     if data.get("schema") != SCHEMA:
         raise ValueError(f"{path}: schema {data.get('schema')!r}, expected {SCHEMA!r}")
+    validate(data, path)
     return data

@@ -38,10 +38,20 @@ def handle_sigterm() -> Any:
 REMEASURE_ROUNDS = 2
 
 
+class SessionError(RuntimeError):
+    """Something a session needs is wrong; found before the first launch."""
+
+
+# What a run writes into its output directory; --overwrite removes only these.
+RUN_OUTPUTS = ("results.json", "results.csv", "checks.csv", "report.html", "figures",
+               "cells", "preflight")
+
+
 class Runner:
     def __init__(self, out_dir: Path | str, launch: LaunchOptions | None = None,
                  resume: bool = False, baselines: Path | str | None = None,
-                 probe: bool = True, repeats: int = 1) -> None:
+                 probe: bool = True, repeats: int = 1, overwrite: bool = False,
+                 on_notice=None) -> None:
         if repeats < 1:
             raise ValueError(f"repeats must be at least 1, got {repeats}")
         self.out_dir = Path(out_dir)
@@ -50,10 +60,77 @@ class Runner:
         self.baselines_root = baselines
         self.probe_enabled = probe
         self.probe: dict[str, Any] | None = None
+        self.resume, self.overwrite = resume, overwrite
+        self.on_notice = on_notice or (lambda line: None)
         self._sets: list | None = None
         self._results: dict[str, dict[str, Any]] = {}
-        self._finished: dict[str, dict[str, Any]] = self._load_finished() if resume else {}
+        self._finished: dict[str, dict[str, Any]] = {}
+        self._earlier_cells: list[dict[str, Any]] = []
+        self._earlier_probe: dict[str, Any] | None = None
         self._file = None
+        self._lock = None
+
+    def begin(self) -> None:
+        """Everything the session needs, checked before its first launch: the
+        output directory (free, writable, not another run's unless resumed or
+        overwritten; then held for the session) and the baselines. Raises
+        SessionError (or BaselineError) with the path and the fix."""
+        if self._lock is not None:
+            return
+        from perfsuite.locking import FolderLock, LockBusy
+
+        out = self.out_dir
+        if out.exists() and not out.is_dir():
+            raise SessionError(f"output directory {out} is a file; give a directory to --out")
+        try:
+            lock = FolderLock(out, "perfsuite session").acquire()
+        except LockBusy as err:
+            raise SessionError(str(err)) from None
+        except OSError as err:
+            raise SessionError(f"output directory {out}: cannot create it "
+                               f"({err.strerror or err}); choose another --out") from None
+        try:
+            self._claim(out)
+            self.baseline_sets  # noqa: B018 - a malformed baseline stops the session here
+        except BaseException:
+            lock.release()
+            raise
+        self._lock = lock
+        if lock.stale_message():
+            self.on_notice(lock.stale_message())
+
+    def _claim(self, out: Path) -> None:
+        from perfsuite.fsutil import atomic_write_text
+        from perfsuite.locking import HOLDER_NAME, LOCK_NAME
+
+        earlier = sorted(p.name for p in out.iterdir() if p.name not in (LOCK_NAME, HOLDER_NAME))
+        if earlier and not (self.resume or self.overwrite):
+            raise SessionError(
+                f"output directory {out} is not empty ({', '.join(earlier[:4])}"
+                f"{', ...' if len(earlier) > 4 else ''}); resume the run there (--resume), "
+                "replace it (--overwrite) or choose another --out")
+        if self.overwrite and not self.resume:
+            import shutil
+
+            for name in earlier:
+                if name in RUN_OUTPUTS or name.startswith("launch"):
+                    path = out / name
+                    shutil.rmtree(path) if path.is_dir() else path.unlink()
+        probe = out / ".perfsuite.write-test"
+        try:  # a read-only mount or a full disk says so now, not after the first cell
+            atomic_write_text(probe, "perfsuite can write here\n")
+            probe.unlink()
+        except OSError as err:
+            raise SessionError(f"output directory {out}: cannot write there "
+                               f"({err.strerror or err}); choose another --out") from None
+        if self.resume:
+            self._finished = self._load_finished()
+
+    def end(self) -> None:
+        """Release the output directory."""
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def _load_finished(self) -> dict[str, dict[str, Any]]:
         """Cells an earlier run into the same directory measured fully."""
@@ -61,8 +138,13 @@ class Runner:
 
         if not (self.out_dir / "results.json").exists():
             return {}
-        earlier = load(self.out_dir)
+        try:
+            earlier = load(self.out_dir)
+        except ValueError as err:
+            raise SessionError(f"cannot resume: {err}. Remove that results.json, or run "
+                               "without --resume into another --out") from None
         self._earlier_cells = earlier["cells"]
+        self._earlier_probe = earlier.get("probe")
         return {c["id"]: c for c in earlier["cells"] if c["status"] == "ok"}
 
     @property
@@ -72,7 +154,7 @@ class Runner:
             from perfsuite.results import ResultsFile
 
             self._file = ResultsFile(self.out_dir, env=fingerprint())
-            for kept in getattr(self, "_earlier_cells", []):
+            for kept in self._earlier_cells:
                 self._file.data["cells"].append(kept)
         return self._file
 
@@ -91,8 +173,11 @@ class Runner:
             from perfsuite.launch import gpus_present, run_cell
             from perfsuite.probe import assess, probe_cell
 
-            ranks = (len(self.launch.gpus) if self.launch.gpus is not None else gpus_present()) \
-                if device == "cuda" else 2
+            ranks = 2
+            if device == "cuda":  # the session's GPUs that are really here
+                present = gpus_present()
+                given = self.launch.gpus if self.launch.gpus is not None else range(present)
+                ranks = sum(g < present for g in given)
             if not self.probe_enabled or ranks == 0:
                 self.probe = {"status": "skipped", "assessment": {"trusted": True},
                               "reason": "disabled" if not self.probe_enabled else "no GPU"}
@@ -112,8 +197,23 @@ class Runner:
         twin = matrix().get(twin.id, twin)  # the matrix's own cell of that id, if any
         return self.result(twin)
 
+    def _judge(self, cell: Cell, result: dict[str, Any], assessment: dict[str, Any]) -> list[dict]:
+        """The cell's checks; a failure while judging becomes a failed check,
+        never the loss of the measured result."""
+        from perfsuite.judge import judge
+
+        try:
+            return judge(cell, result, self._twin, self.baseline_sets, assessment)
+        except Exception as err:  # noqa: BLE001 - the measurement stands, the check says why
+            import traceback
+
+            return [{"name": "perfsuite.judge", "verdict": "fail", "observed": None,
+                     "expected": "every check evaluated",
+                     "message": f"judging failed: {type(err).__name__}: {err}",
+                     "traceback": traceback.format_exc()}]
+
     def _measure(self, cell: Cell) -> dict[str, Any]:
-        from perfsuite.judge import judge, needs_more_launches
+        from perfsuite.judge import needs_more_launches
         from perfsuite.launch import run_cell
         from perfsuite.results import merge_repeats
 
@@ -127,7 +227,7 @@ class Runner:
                                       self.launch)
                              for k in range(len(launches), len(launches) + self.repeats)]
                 result = merge_repeats(launches)
-            result["checks"] = judge(cell, result, self._twin, self.baseline_sets, assessment)
+            result["checks"] = self._judge(cell, result, assessment)
             if (round_ == REMEASURE_ROUNDS or self.repeats == 1
                     or not needs_more_launches(result["checks"])):
                 break
@@ -138,10 +238,15 @@ class Runner:
         """The cell's judged result, measured on first request only."""
         if cell.id in self._results:
             return self._results[cell.id]
+        self.begin()
         done = self._finished.get(cell.id)
         if done is not None and done["params"] == cell.params():
             done["resumed"] = True  # measured by an earlier run into this directory
+            # judged again: the baselines may have changed since it was measured
+            assessment = (self._earlier_probe or {}).get("assessment", {})
+            done["checks"] = self._judge(cell, done, assessment)
             self._results[cell.id] = done
+            self.file.add(done)
             return done
         self._results[cell.id] = {"id": cell.id, "status": "running"}  # a twin cycle stops here
         result = self._measure(cell)
@@ -165,12 +270,17 @@ def launch_options(*, data_dir: str | Path | None = None, options: list[str] = (
     bad = [o for o in options if "=" not in o]
     if bad:
         raise ValueError(f"option {bad[0]!r}: expected KEY=VALUE")
+    if timeout is not None and not timeout > 0:  # 0 would mean no time at all, not "no limit"
+        raise ValueError(f"timeout {timeout:g}: give a positive number of seconds, or leave it "
+                         "out to use each cell's own timeout")
     gpu_list = None
     if gpus:
         try:
             gpu_list = [int(g) for g in gpus.split(",")]
+            if any(g < 0 for g in gpu_list) or len(set(gpu_list)) != len(gpu_list):
+                raise ValueError
         except ValueError:
-            raise ValueError(f"GPU list {gpus!r}: expected indices like 0,1") from None
+            raise ValueError(f"GPU list {gpus!r}: expected distinct indices like 0,1") from None
     nodes = (multinode.Nodes.from_slurm() if slurm else
              multinode.Nodes(nnodes=nnodes, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id))
     return LaunchOptions(data_dir=Path(data_dir) if data_dir else None,

@@ -17,16 +17,18 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
 
+from perfsuite.agent import die_with_parent
 from perfsuite.cells import Cell
 from perfsuite.context import RankContext
 from perfsuite.fsutil import atomic_write_json
-from perfsuite.meter import Progress
 
 RECORD_SCHEMA = "perfsuite.rank/1"
+LAUNCHER_POLL_S = 0.5
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -50,7 +52,75 @@ def _oom_facts(err: BaseException, ctx: RankContext) -> dict:
             "device_memory": torch.cuda.get_device_properties(ctx.device).total_memory}
 
 
+def _launcher(pid: int, started: float):
+    """psutil's Process of the launcher ``pid`` started at ``started`` (its
+    create_time); None when it is gone: no such pid, a zombie (a launcher
+    killed and not yet reaped), or a process started at another time (one
+    given the launcher's pid since)."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        if abs(proc.create_time() - started) < 1.0 and proc.status() != psutil.STATUS_ZOMBIE:
+            return proc
+    except psutil.Error:
+        pass
+    return None
+
+
+def _watch(proc) -> None:
+    import psutil
+
+    while True:
+        try:
+            if not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE:
+                break
+        except psutil.Error:
+            break
+        time.sleep(LAUNCHER_POLL_S)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def watch_launcher(environ: dict[str, str] | None = None) -> threading.Thread | None:
+    """End this rank with SIGKILL once its launcher is gone; the watching thread.
+
+    The parent-death signal ends a rank with its torchrun agent, and the agent
+    with the launcher; a rank under ``nsys profile`` has nsys for its parent,
+    which lives on. The launcher's pid and start time come from the launch's
+    environment (``perfsuite.launch.launcher_env``): None (no watching) for a
+    rank started by hand, and on a node other than the launcher's, where its
+    pid names nothing. The thread sleeps between two looks at /proc (tens of
+    microseconds, the GIL held for no longer): no busy loop next to the steps
+    it would slow down. A rank stuck in native code that holds the GIL is not
+    seen to; the parent-death signal still is.
+    """
+    env = os.environ if environ is None else environ
+    try:
+        pid, started = int(env["PERFSUITE_LAUNCHER_PID"]), float(env["PERFSUITE_LAUNCHER_START"])
+    except (KeyError, ValueError):
+        return None
+    if env.get("PERFSUITE_LAUNCHER_HOST") != socket.gethostname():
+        return None
+    launcher = _launcher(pid, started)
+    if launcher is None:
+        os.kill(os.getpid(), signal.SIGKILL)
+    # From here on psutil tells that very process by its pid and its start in
+    # ticks since boot, which a change of the clock leaves alone.
+    thread = threading.Thread(target=_watch, args=(launcher,), daemon=True,
+                              name="perfsuite-launcher-watch")
+    thread.start()
+    return thread
+
+
 def main(argv: list[str] | None = None) -> int:
+    # First of all, before torch's seconds of imports: a rank ends with its
+    # torchrun agent (or nsys), and with the launcher even where that is not
+    # its parent. (Its parent now is the one that started it but for one gone
+    # during these milliseconds since exec; the watchdog sees to that case.)
+    die_with_parent(os.getppid())
+    watch_launcher()
+    from perfsuite.meter import Progress  # imports torch
+
     args = parse_args(argv)
     cell = Cell.from_params(json.loads(args.cell_file.read_text()))
     options = dict(opt.split("=", 1) for opt in args.option)

@@ -357,10 +357,59 @@ def summary_from_tables(tables: Iterable[NsysTable], *, rank: int | None = None,
     return ProfileSummary("nsys", rows, rank=rank, meta={"files": files, **(meta or {})})
 
 
-def summarize_csvs(paths: Iterable[str | os.PathLike], *, rank: int | None = None) -> ProfileSummary:
-    tables: list[NsysTable] = []
-    for path in sorted(paths, key=str):
-        tables.extend(read_nsys_csv(path))
+def _stats_command(reports: str) -> str:
+    return f"`nsys stats --report {reports} --format csv --output <prefix> <report.nsys-rep>`"
+
+
+_NO_CUDA_HINT = ("where nsys itself found no CUDA data in the report (its SKIPPED note), profile the run "
+                 "again on a GPU: `nsys profile --trace=cuda,nvtx ...` (`perfsuite run --profile nsys`, "
+                 "pytest --perf-profile nsys), with the measured steps inside the capture range")
+
+
+def _why_empty(path: Path, tables: list[NsysTable]) -> str:
+    """How a CSV without rows looks: header only, empty, or nsys's own note."""
+    if tables:
+        return "header only"
+    text = path.read_text(encoding="utf-8", errors="replace")  # read_nsys_csv read it already
+    note = next((line.strip() for line in text.splitlines() if "SKIPPED" in line or "does not contain" in line), "")
+    return f"nsys: {note}" if note else "empty"
+
+
+def _no_rows_error(files: list[tuple[Path, list[NsysTable]]]) -> NsysCsvError:
+    """Every CSV of one summary is empty: name each file, how it looks, the fix."""
+    if len(files) == 1:
+        (path, tables), = files
+        kinds = [t.kind for t in tables] or [r for r in NSYS_REPORTS if path.name.endswith(f"_{r}.csv")]
+        reports = ",".join(dict.fromkeys(kinds)) or ",".join(NSYS_REPORTS)
+        return NsysCsvError(f"{path}: no kernel/API rows in the nsys CSV export ({_why_empty(path, tables)}); "
+                            f"re-export with {_stats_command(reports)}; {_NO_CUDA_HINT}")
+    listed = ", ".join(f"{path} ({_why_empty(path, tables)})" for path, tables in files)
+    return NsysCsvError(f"no kernel/API rows in any of these nsys CSV exports: {listed}; re-export the "
+                        f"report with {_stats_command(','.join(NSYS_REPORTS))}; {_NO_CUDA_HINT}")
+
+
+def summarize_csvs(paths: Iterable[str | os.PathLike], *, rank: int | None = None,
+                   report: str | os.PathLike | None = None) -> ProfileSummary:
+    """One summary from the CSVs of one rank (``report``: the .nsys-rep they
+    were exported from, for messages).
+
+    Some of a rank's CSVs may hold no rows: nsys writes a report header-only
+    (or notes it SKIPPED) when the run had none of it: no NVTX ranges, no
+    memory operations, or no kernels on a cell that computes on the CPU. The
+    other reports still describe the run, so the summary is built from them.
+    When none of them holds a row there is nothing to summarise: an all-zero
+    summary would read as a run that spent no time, so that is an NsysCsvError
+    naming every file.
+    """
+    files = [(Path(path), read_nsys_csv(path)) for path in sorted(paths, key=str)]
+    if not files:
+        if report is None:
+            raise NsysCsvError("no nsys CSV files to summarise")
+        raise NsysCsvError(f"{report}: `nsys stats` wrote no CSV report (the report holds no CUDA or NVTX "
+                           f"data); check it with {_stats_command(','.join(NSYS_REPORTS))}; {_NO_CUDA_HINT}")
+    tables = [table for _, found in files for table in found]
+    if not any(table.rows for table in tables):
+        raise _no_rows_error(files)
     return summary_from_tables(tables, rank=rank)
 
 
@@ -396,7 +445,8 @@ def summarize_path(path: str | os.PathLike, *, nsys: str | None = None) -> Profi
         if path.suffix == ".csv":
             return summarize_csvs([path], rank=_rank_of(path.name))
         if path.name.endswith(_REPORT_EXTS):
-            return summarize_csvs(run_nsys_stats(path, nsys=nsys).values(), rank=_rank_of(path.name))
+            return summarize_csvs(run_nsys_stats(path, nsys=nsys).values(), rank=_rank_of(path.name),
+                                  report=path)
         if path.suffix == ".json":
             return _read_summary_json(path)
         raise NsysCsvError(f"{path}: expected a .nsys-rep, .sqlite, .csv or summary .json file, or a directory")
@@ -422,7 +472,7 @@ def summarize_path(path: str | os.PathLike, *, nsys: str | None = None) -> Profi
 def _summarize_members(members: list[Path], rank: int | None, nsys: str | None) -> ProfileSummary:
     if members[0].suffix == ".csv":
         return summarize_csvs(members, rank=rank)
-    return summarize_csvs(run_nsys_stats(members[0], nsys=nsys).values(), rank=rank)
+    return summarize_csvs(run_nsys_stats(members[0], nsys=nsys).values(), rank=rank, report=members[0])
 
 
 def _read_summary_json(path: Path) -> ProfileSummary:

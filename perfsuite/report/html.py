@@ -211,9 +211,12 @@ def _attention(cells: list[dict]) -> str:
     picked = [{**k, "cell": k.get("cell") or c.get("id")} for c in cells
               for k in c.get("checks") or [] if k.get("verdict") in (*BAD, "unknown")]
     broken = [c for c in cells if c.get("status") not in ("ok", "skipped")]
+    skipped = sum(k.get("verdict") == "skipped" for c in cells for k in c.get("checks") or [])
+    not_made = (f" {skipped} comparison(s) could not be made (skipped, see each cell for why): "
+                "nothing was judged there." if skipped else "")
     if not picked and not broken:
-        return "<h2>Attention</h2><p>Every cell ran and no check failed or regressed.</p>"
-    out = "<h2>Attention</h2>"
+        return f"<h2>Attention</h2><p>Every cell ran and no check failed or regressed.{esc(not_made)}</p>"
+    out = f"<h2>Attention</h2><p>{esc(not_made)}</p>" if skipped else "<h2>Attention</h2>"
     if broken:
         out += _table(["cell", "status", "reason"], [
             [f'<td class="id">{esc(c.get("id"))}</td>',

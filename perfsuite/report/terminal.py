@@ -46,6 +46,26 @@ def summary_lines(results: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def skipped_lines(results: list[dict[str, Any]]) -> list[str]:
+    """How many comparisons were not made, and why: a green run that judged
+    nothing must not read like one that judged everything."""
+    from collections import Counter
+
+    why = Counter(c.get("message") or "no reason given" for r in results
+                  for c in r.get("checks", []) if c["verdict"] == "skipped")
+    cells = Counter(str(r.get("reason")) for r in results if r["status"] == "skipped")
+    if not why and not cells:
+        return []
+    lines = []
+    if cells:
+        lines.append(f"{sum(cells.values())} cell(s) skipped:")
+        lines += [f"    {n} x {reason}" for reason, n in cells.most_common()]
+    if why:
+        lines.append(f"{sum(why.values())} check(s) skipped, no comparison made:")
+        lines += [f"    {n} x {reason}" for reason, n in why.most_common()]
+    return lines
+
+
 def cell_text(result: dict[str, Any]) -> str:
     lines = [f"cell {result['id']}: {result['status']}"
              + (f" ({result['reason']})" if result.get("reason") else "")]

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import gzip
 import io
+import math
 import struct
+import zlib
 from pathlib import Path
 
 import torch
@@ -35,21 +37,76 @@ class DataMissing(FileNotFoundError):
     """A data directory without the expected files."""
 
 
-def _read_idx(path: Path) -> torch.Tensor:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as fh:
-        data = fh.read()
+class DataInvalid(ValueError):
+    """A data file that is there but cannot be used as it stands."""
+
+
+# What to do about an MNIST file that is there but unusable. MNIST cells are
+# the full tier's; the gate tier runs the same strategies on the bundled digits.
+def _mnist_fix(it: str = "it") -> str:
+    return (f"replace {it} with an intact copy of the MNIST IDX files (the four files "
+            f"{', '.join(MNIST_FILES.values())}, gzipped or not, from one download), "
+            "or run the gate tier (--perf-tier gate), which trains on the bundled digits "
+            "and needs no MNIST")
+
+
+_GZIP_MAGIC = b"\x1f\x8b"
+_IDX_DTYPES = {0x08: "unsigned byte", 0x09: "signed byte", 0x0B: "int16", 0x0C: "int32",
+               0x0D: "float32", 0x0E: "float64"}
+_IDX_SHAPES = {1: "labels need 1 (count)", 3: "images need 3 (count, rows, columns)"}
+
+
+def _invalid(path: Path, problem: str) -> DataInvalid:
+    return DataInvalid(f"{path}: {problem}; {_mnist_fix()}")
+
+
+def _read_bytes(path: Path) -> bytes:
+    """The file's bytes, gunzipped when it is gzip (by its first bytes, not its name)."""
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise _invalid(path, f"cannot read it ({err.strerror or err})") from None
+    if not data.startswith(_GZIP_MAGIC):
+        return data
+    try:
+        return gzip.decompress(data)
+    except (OSError, EOFError, zlib.error) as err:  # BadGzipFile is an OSError
+        raise _invalid(path, f"damaged gzip file ({err})") from None
+
+
+def _read_idx(path: Path, ndim: int | None = None) -> torch.Tensor:
+    """An unsigned-byte IDX file; ``ndim`` (1 labels, 3 images) when known.
+
+    Every problem is a DataInvalid naming the file, what is wrong and the fix.
+    """
+    data = _read_bytes(path)
+    if len(data) < 4:
+        raise _invalid(path, f"{len(data)} bytes, too short for an IDX header "
+                             "(4 bytes of magic number, then 4 per dimension)")
     magic, = struct.unpack(">I", data[:4])
-    ndim = magic & 0xFF
-    if magic >> 8 != 0x08 or ndim not in (1, 3):
-        raise ValueError(f"{path}: not an unsigned-byte IDX file (magic {magic:#x})")
-    shape = struct.unpack(">" + "I" * ndim, data[4:4 + 4 * ndim])
-    payload = data[4 + 4 * ndim:]
-    expected = 1
-    for n in shape:
-        expected *= n
+    code, dims = data[2], data[3]
+    if data[:2] != b"\x00\x00" or code not in _IDX_DTYPES or dims == 0:
+        raise _invalid(path, f"bad magic number {magic:#010x} (an IDX file starts with 0x0000 "
+                             "then a dtype code and the number of dimensions): not an IDX file")
+    if code != 0x08:
+        raise _invalid(path, f"wrong dtype code {code:#04x} ({_IDX_DTYPES[code]}); "
+                             "MNIST files hold unsigned bytes (0x08)")
+    if len(data) < 4 + 4 * dims:
+        raise _invalid(path, f"{len(data)} bytes, too short for the header of {dims} dimensions "
+                             f"({4 + 4 * dims} bytes)")
+    shape = struct.unpack(">" + "I" * dims, data[4:4 + 4 * dims])
+    shown = "x".join(map(str, shape))
+    if dims != ndim and (ndim is not None or dims not in _IDX_SHAPES):
+        need = _IDX_SHAPES.get(ndim, "MNIST files have 1 (labels) or 3 (images)")
+        raise _invalid(path, f"wrong number of dimensions: {dims} ({shown}), {need}")
+    payload = data[4 + 4 * dims:]
+    expected = math.prod(shape)
     if len(payload) != expected:
-        raise ValueError(f"{path}: {len(payload)} bytes of data, header says {expected}")
+        what = "truncated data: expected" if len(payload) < expected else "trailing data: expected"
+        raise _invalid(path, f"{what} {expected} bytes after the header ({shown}), "
+                             f"got {len(payload)}")
+    if 0 in shape:
+        raise _invalid(path, f"holds no {'labels' if dims == 1 else 'images'} ({shown})")
     return torch.frombuffer(bytearray(payload), dtype=torch.uint8).reshape(shape)
 
 
@@ -64,8 +121,34 @@ def _find(data_dir: Path, stem: str) -> Path:
         "or run the cells on the bundled digits (dataset 'digits')")
 
 
+def _check_labels(images_path: Path, images: torch.Tensor, labels_path: Path,
+                  labels: torch.Tensor) -> None:
+    if len(images) != len(labels):
+        raise DataInvalid(
+            f"{images_path} and {labels_path}: image and label counts differ: "
+            f"{len(images)} vs {len(labels)} (the two files come from different downloads, "
+            f"or one is damaged); {_mnist_fix('them')}")
+    bad = labels > 9
+    if bool(bad.any()):
+        found = sorted(int(v) for v in labels[bad].unique())
+        listed = ", ".join(map(str, found[:-1])) + " and " if len(found) > 1 else ""
+        raise _invalid(labels_path, f"labels outside 0-9: found {listed}{found[-1]} "
+                                    f"({int(bad.sum())} of {len(labels)} labels)")
+
+
 def load_mnist(data_dir: Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    parts = {key: _read_idx(_find(data_dir, stem)) for key, stem in MNIST_FILES.items()}
+    """The four MNIST IDX files of ``data_dir``, checked: DataMissing names a
+    missing file, DataInvalid a file that is there but cannot be used."""
+    if not data_dir.is_dir():
+        raise DataMissing(
+            f"{data_dir}: no such directory; pass --perf-data-dir DIR (pytest) or --data-dir DIR "
+            f"(perfsuite run) naming the directory with the IDX files "
+            f"{', '.join(MNIST_FILES.values())}")
+    paths = {key: _find(data_dir, stem) for key, stem in MNIST_FILES.items()}
+    parts = {key: _read_idx(path, 3 if key.endswith("images") else 1) for key, path in paths.items()}
+    for split in ("train", "test"):
+        _check_labels(paths[f"{split}_images"], parts[f"{split}_images"],
+                      paths[f"{split}_labels"], parts[f"{split}_labels"])
     scale = lambda images: images.float() / 255.0  # noqa: E731
     return (scale(parts["train_images"]), parts["train_labels"].long(),
             scale(parts["test_images"]), parts["test_labels"].long())

@@ -62,15 +62,13 @@ def test_report_writes_html_and_csv(tmp_path, capsys):
     assert (run / "results.csv").exists() and (run / "checks.csv").exists()
 
 
-def test_missing_or_malformed_runs_are_named(tmp_path, capsys):
-    import pytest
-
-    with pytest.raises(SystemExit, match="nowhere"):
-        main(["report", str(tmp_path / "nowhere")])
+def test_missing_or_malformed_runs_are_named_and_exit_2(tmp_path, capsys):
+    assert main(["report", str(tmp_path / "nowhere")]) == 2
+    assert "nowhere" in capsys.readouterr().err
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "results.json").write_text("[1,")
-    with pytest.raises(SystemExit, match="not valid JSON"):
-        main(["compare", str(tmp_path / "bad"), str(tmp_path / "bad")])
+    assert main(["compare", str(tmp_path / "bad"), str(tmp_path / "bad")]) == 2
+    assert "not valid JSON" in capsys.readouterr().err
 
 
 def test_profile_reads_nsys_csv_exports(capsys):
@@ -126,3 +124,97 @@ def test_detection_will_not_mix_new_trials_into_an_earlier_run(tmp_path, capsys)
     assert "already holds 1 trial(s); pass --resume" in capsys.readouterr().err
     assert main(["detection", "--work-dir", str(tmp_path), "--resume", "--steps", "30"]) == 2
     assert "steps: None there, 30 now" in capsys.readouterr().err
+
+
+def _perfsuite(*args):
+    import os
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # a write per line: the reader goes early
+    return [sys.executable, "-m", "perfsuite.cli", *args], env, Path(__file__).parents[2]
+
+
+def test_list_into_head_ends_without_a_traceback():
+    """`perfsuite list | head -1`: the reader leaves after one line; the writer
+    ends as other tools do (of SIGPIPE, quietly), not in a BrokenPipeError."""
+    import shutil
+    import signal
+    import subprocess
+    import sys
+
+    import pytest
+
+    if not hasattr(signal, "SIGPIPE"):
+        pytest.skip("no SIGPIPE on this platform")
+    argv, env, root = _perfsuite("list")
+    head = ["head", "-1"] if shutil.which("head") else [
+        sys.executable, "-c", "import sys; sys.stdout.write(sys.stdin.readline())"]
+    for _ in range(3):  # the race between the two is the point: run it a few times
+        writer = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=root)
+        reader = subprocess.Popen(head, stdin=writer.stdout, stdout=subprocess.PIPE)
+        writer.stdout.close()  # the reader holds the only read end now
+        first, _ = reader.communicate(timeout=60)
+        err = writer.stderr.read().decode(errors="replace")
+        writer.stderr.close()
+        code = writer.wait(timeout=60)
+        assert first.decode().strip() == cells.select()[0].id
+        assert "Traceback" not in err and "BrokenPipeError" not in err, err
+        assert code in (0, -signal.SIGPIPE), (code, err)
+
+
+def test_list_into_a_pipe_already_closed_dies_of_sigpipe_quietly():
+    import os
+    import signal
+    import subprocess
+
+    import pytest
+
+    if not hasattr(signal, "SIGPIPE"):
+        pytest.skip("no SIGPIPE on this platform")
+    argv, env, root = _perfsuite("list")
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first line
+    try:
+        done = subprocess.run(argv, stdout=write_end, stderr=subprocess.PIPE, env=env, cwd=root,
+                              timeout=60)
+    finally:
+        os.close(write_end)
+    err = done.stderr.decode(errors="replace")
+    assert done.returncode == -signal.SIGPIPE and "Traceback" not in err, (done.returncode, err)
+
+
+def test_sigpipe_default_only_for_the_console_entry_and_commands_that_launch_nothing():
+    """In-process callers (these tests) keep Python's SIGPIPE handling; so do
+    `run`, `ab` and `detection`, whose ranks run in sessions of their own and
+    are ended on the way out of a BrokenPipeError (SIGPIPE would kill the
+    parent alone and leave them running)."""
+    import signal
+    import subprocess
+    import sys
+
+    import pytest
+
+    if not hasattr(signal, "SIGPIPE"):
+        pytest.skip("no SIGPIPE on this platform")
+    before = signal.getsignal(signal.SIGPIPE)
+    assert main(["list", "--tier", "smoke"]) == 0
+    assert signal.getsignal(signal.SIGPIPE) == before
+
+    probe = ("import signal, sys\n"
+             "from perfsuite import cli\n"
+             "def seen(args):\n"
+             "    print(sys.argv[1], signal.getsignal(signal.SIGPIPE) == signal.SIG_DFL)\n"
+             "    return 0\n"
+             "for name in ('_cmd_list', '_cmd_compare', '_cmd_run', '_cmd_ab', '_cmd_detection'):\n"
+             "    setattr(cli, name, seen)\n"
+             "sys.exit(cli.main())\n")
+    _, env, root = _perfsuite()
+    said = {}
+    for command in (["list"], ["compare", "a", "b"], ["run", "x"], ["detection"]):
+        done = subprocess.run([sys.executable, "-c", probe, *command], capture_output=True, text=True,
+                              env=env, cwd=root, timeout=60)
+        assert done.returncode == 0, done.stderr
+        name, default = done.stdout.split()
+        said[name] = default == "True"
+    assert said == {"list": True, "compare": True, "run": False, "detection": False}

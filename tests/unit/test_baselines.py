@@ -282,6 +282,101 @@ def test_unreadable_csv(tmp_path):
         bl.load_profile(_broken(tmp_path, edit))
 
 
+def _set_metric(name, row, metric):
+    def edit(folder):
+        df = pd.read_csv(folder / name, dtype=str, keep_default_na=False)
+        df.loc[row, "metric"] = metric
+        df.to_csv(folder / name, index=False)
+    return edit
+
+
+@pytest.mark.parametrize("name,row,metric,problem", [
+    ("metrics.csv", 0, "total_tme", "unknown metric 'total_tme' (did you mean 'total_time'?)"),
+    ("metrics.csv", 2, "Step_Time", "unknown metric 'Step_Time' (did you mean 'step_time'?)"),
+    ("metrics.csv", 4, "latency", "unknown metric 'latency';"),
+    ("ratios.csv", 1, "speedp", "unknown metric 'speedp' (did you mean 'speedup'?)"),
+    ("findings.csv", 0, "step_tme_ratio", "unknown metric 'step_tme_ratio' (did you mean 'step_time_ratio'?)"),
+], ids=["metrics-typo", "metrics-case", "metrics-unknown", "ratios-typo", "findings-typo"])
+def test_an_unknown_metric_names_file_line_and_the_known_names(tmp_path, name, row, metric, problem):
+    folder = _broken(tmp_path, _set_metric(name, row, metric))
+    row_id = pd.read_csv(folder / name, dtype=str, keep_default_na=False).loc[row, "id"]
+    with pytest.raises(bl.BaselineError) as err:
+        bl.load_profile(folder)
+    text = str(err.value)
+    assert f"{folder / name}, line {row + 2} (id {row_id!r}): {problem}" in text, text
+    known, tables = ((bl.METRIC_NAMES, "metrics.csv") if name == "metrics.csv"
+                     else (bl.RATIO_METRICS, "ratios.csv and findings.csv"))
+    assert f"known metrics for {tables}: {', '.join(sorted(known))}" in text
+
+
+@pytest.mark.parametrize("name,metric,belongs", [
+    ("metrics.csv", "speedup", "ratios.csv or findings.csv"), ("ratios.csv", "step_time", "metrics.csv")])
+def test_a_metric_in_the_wrong_table_says_where_it_belongs(tmp_path, name, metric, belongs):
+    folder = _broken(tmp_path, _set_metric(name, 0, metric))
+    with pytest.raises(bl.BaselineError, match=rf"{name}, line 2 .*: metric '{metric}' belongs in {belongs}"):
+        bl.load_profile(folder)
+
+
+def test_known_metric_names_cover_what_is_recorded_and_judged():
+    from perfsuite import checks
+
+    assert set(recording.RECORDED_TOLERANCE) <= bl.METRIC_NAMES  # what record_run writes
+    assert {"step_time", "peak_mem_allocated", "peak_rss", "accuracy", "throughput"} <= bl.METRIC_NAMES
+    assert {check.metric for check in checks.CROSS_CELL} <= bl.RATIO_METRICS
+    assert bl.PORTABLE_METRICS <= bl.METRIC_NAMES and not bl.METRIC_NAMES & bl.RATIO_METRICS
+    assert bl.HIGHER_IS_BETTER <= bl.METRIC_NAMES | bl.RATIO_METRICS
+
+
+def test_every_folder_of_the_project_loads(monkeypatch):
+    monkeypatch.delenv("PERFSUITE_BASELINES", raising=False)
+    sets = bl.load_all()
+    assert {s.path.name for s in sets} == {
+        p.name for p in PAPER.parent.iterdir() if (p / "profile.json").is_file()}
+    assert len(sets) >= 3
+
+
+def _root_message(text, path):
+    assert str(path) in text, text
+    assert f"the default is the project's {bl.PROJECT_BASELINES}" in text
+    assert "--perf-baselines DIR" in text and "$PERFSUITE_BASELINES" in text
+
+
+def test_a_baselines_root_that_does_not_exist_is_refused(tmp_path, monkeypatch):
+    missing = tmp_path / "no" / "such" / "dir"
+    with pytest.raises(bl.BaselineError, match="baselines root does not exist") as err:
+        bl.load_all(missing)
+    _root_message(str(err.value), missing)
+    with pytest.raises(bl.BaselineError, match="does not exist"):  # find_expectation(s) read it too
+        bl.find_expectation(image_params(), "step_time", H100, root=missing)
+    monkeypatch.setenv("PERFSUITE_BASELINES", str(missing))
+    with pytest.raises(bl.BaselineError, match=r"baselines root does not exist \(from \$PERFSUITE_BASELINES\)") as err:
+        bl.load_all()
+    _root_message(str(err.value), missing)
+
+
+def test_a_baselines_root_that_is_a_file_or_one_folder_is_refused(tmp_path):
+    file = tmp_path / "metrics.csv"
+    file.write_text("id,metric\n")
+    with pytest.raises(bl.BaselineError, match="baselines root is not a directory") as err:
+        bl.load_all(file)
+    _root_message(str(err.value), file)
+    with pytest.raises(bl.BaselineError) as err:  # a profile folder, not the root above it
+        bl.load_all(PAPER)
+    assert f"{PAPER}: one baseline folder (it holds profile.json), not a baselines root; " \
+           f"pass the folder above it, {PAPER.parent}" in str(err.value)
+
+
+def test_an_installation_without_the_default_root_has_no_baselines(tmp_path, monkeypatch):
+    monkeypatch.delenv("PERFSUITE_BASELINES", raising=False)
+    monkeypatch.setattr(bl, "PROJECT_BASELINES", tmp_path / "absent")
+    assert bl.default_root() == tmp_path / "absent"
+    assert bl.load_all() == []
+    exp = bl.find_expectation(image_params(), "step_time", H100)
+    assert not exp.available and "no baseline row matches" in exp.reason
+    (tmp_path / "empty").mkdir()  # an empty root is a root without folders yet
+    assert bl.load_all(tmp_path / "empty") == []
+
+
 # -------------------------------------------------------------- recording
 
 def cell_result(cell_id, steps, world_size=1, status="ok", **metrics):

@@ -86,5 +86,128 @@ def test_truncated_idx_file_is_named(tmp_path):
     import struct
 
     (tmp_path / "bad").write_bytes(struct.pack(">II", 0x0801, 10) + b"\x00" * 3)
-    with pytest.raises(ValueError, match="bad: 3 bytes"):
+    with pytest.raises(image_data.DataInvalid, match="bad: truncated data: expected 10 bytes.*got 3"):
         image_data._read_idx(tmp_path / "bad")
+
+
+# -- MNIST files that are there but cannot be used -------------------------
+
+def _idx_bytes(dims, payload=None, dtype=0x08):
+    import struct
+
+    if payload is None:
+        count = 1
+        for n in dims:
+            count *= n
+        payload = bytes(i % 10 for i in range(count))
+    return struct.pack(">BBBB", 0, 0, dtype, len(dims)) + struct.pack(">" + "I" * len(dims), *dims) + payload
+
+
+def _mnist_dir(tmp_path, gz=False, **files):
+    """The four MNIST files, small (10 train and 4 test images of 28x28);
+    ``files`` replaces one by its key (train_images, ...) with raw bytes."""
+    import gzip
+
+    sizes = {"train": 10, "test": 4}
+    for key, stem in image_data.MNIST_FILES.items():
+        part, kind = key.split("_")
+        n = sizes[part]
+        data = files.get(key, _idx_bytes((n, 28, 28) if kind == "images" else (n,)))
+        if gz:
+            (tmp_path / (stem + ".gz")).write_bytes(gzip.compress(data))
+        else:
+            (tmp_path / stem).write_bytes(data)
+    return tmp_path
+
+
+FIX = "with an intact copy of the MNIST IDX files"
+
+
+def test_small_mnist_fixture_loads(tmp_path):
+    train_x, train_y, test_x, test_y = image_data.load("mnist", _mnist_dir(tmp_path))
+    assert train_x.shape == (10, 28, 28) and test_y.tolist() == [0, 1, 2, 3]
+    assert float(train_x.max()) <= 1.0
+
+
+@pytest.mark.parametrize("key,data,message", [
+    ("train_images", b"PK\x03\x04" + bytes(100),
+     r"bad magic number 0x504b0304 \(an IDX file starts with 0x0000 then a dtype code and the "
+     r"number of dimensions\)"),
+    ("train_images", b"\x00\x00", r"2 bytes, too short for an IDX header"),
+    ("train_images", _idx_bytes((10, 28, 28), bytes(7000)),
+     r"truncated data: expected 7840 bytes after the header \(10x28x28\), got 7000"),
+    ("train_images", _idx_bytes((10, 28, 28), bytes(7845)),
+     r"expected 7840 bytes after the header \(10x28x28\), got 7845"),
+    ("test_labels", _idx_bytes((4,), dtype=0x0D),
+     r"wrong dtype code 0x0d \(float32\); MNIST files hold unsigned bytes \(0x08\)"),
+    ("train_images", _idx_bytes((10, 784)),
+     r"wrong number of dimensions: 2 \(10x784\), images need 3 \(count, rows, columns\)"),
+    ("train_labels", _idx_bytes((10, 28, 28)),
+     r"wrong number of dimensions: 3 \(10x28x28\), labels need 1 \(count\)"),
+    ("train_images", bytes([0, 0, 8, 3]) + bytes(6),
+     r"10 bytes, too short for the header of 3 dimensions \(16 bytes\)"),
+    ("test_images", _idx_bytes((0, 28, 28)), r"holds no images \(0x28x28\)"),
+    ("test_images", _idx_bytes((4, 0, 28)), r"holds no images \(4x0x28\)"),
+    ("test_labels", _idx_bytes((0,)), r"holds no labels \(0\)"),
+], ids=["magic", "short", "truncated", "trailing", "dtype", "images-ndim", "labels-ndim",
+        "short-dims", "no-images", "empty-images", "no-labels"])
+@pytest.mark.parametrize("gz", [False, True])
+def test_a_bad_mnist_file_is_named_with_what_is_wrong_and_the_fix(tmp_path, key, data, message, gz):
+    folder = _mnist_dir(tmp_path, gz=gz, **{key: data})
+    path = folder / (image_data.MNIST_FILES[key] + (".gz" if gz else ""))
+    with pytest.raises(image_data.DataInvalid) as err:
+        image_data.load("mnist", folder)
+    text = str(err.value)
+    assert text.startswith(f"{path}: "), text
+    assert __import__("re").search(message, text), text
+    assert FIX in text and "--perf-tier gate" in text
+    assert isinstance(err.value, ValueError)
+
+
+def test_a_damaged_gzip_file_is_named(tmp_path):
+    folder = _mnist_dir(tmp_path, gz=True)
+    path = folder / "train-images-idx3-ubyte.gz"
+    whole = path.read_bytes()
+    path.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(image_data.DataInvalid, match=rf"^{path}: damaged gzip file") as err:
+        image_data.load("mnist", folder)
+    assert FIX in str(err.value)
+    path.write_bytes(b"not gzip at all" * 10)  # named .gz but plain bytes
+    with pytest.raises(image_data.DataInvalid, match=rf"^{path}: bad magic number"):
+        image_data.load("mnist", folder)
+
+
+def test_a_gzipped_file_without_gz_suffix_is_read(tmp_path):
+    import gzip
+
+    folder = _mnist_dir(tmp_path)
+    path = folder / "train-labels-idx1-ubyte"
+    path.write_bytes(gzip.compress(path.read_bytes()))
+    assert image_data.load("mnist", folder)[1].tolist() == list(range(10))
+
+
+@pytest.mark.parametrize("part,n_images,n_labels", [("train", 10, 9), ("test", 4, 5)])
+def test_image_and_label_counts_must_agree(tmp_path, part, n_images, n_labels):
+    folder = _mnist_dir(tmp_path, **{f"{part}_labels": _idx_bytes((n_labels,))})
+    prefix = "train" if part == "train" else "t10k"
+    with pytest.raises(image_data.DataInvalid) as err:
+        image_data.load("mnist", folder)
+    text = str(err.value)
+    assert str(folder / f"{prefix}-images-idx3-ubyte") in text
+    assert str(folder / f"{prefix}-labels-idx1-ubyte") in text
+    assert f"image and label counts differ: {n_images} vs {n_labels}" in text and FIX in text
+
+
+def test_labels_outside_0_to_9_are_named(tmp_path):
+    folder = _mnist_dir(tmp_path, train_labels=_idx_bytes((10,), bytes([0, 1, 10, 3, 255, 5, 6, 7, 10, 9])))
+    path = folder / "train-labels-idx1-ubyte"
+    with pytest.raises(image_data.DataInvalid,
+                       match=rf"^{path}: labels outside 0-9: found 10 and 255 \(3 of 10 labels\)") as err:
+        image_data.load("mnist", folder)
+    assert FIX in str(err.value)
+
+
+def test_a_data_dir_that_does_not_exist_is_named(tmp_path):
+    missing = tmp_path / "no-such-dir"
+    with pytest.raises(image_data.DataMissing, match=rf"{missing}: no such directory.*--perf-data-dir"):
+        image_data.load("mnist", missing)

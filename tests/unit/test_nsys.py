@@ -106,13 +106,89 @@ def test_stdout_bundle_with_notes_and_skipped_report():
     assert s.category_rows("nvtx") == []
 
 
-def test_empty_reports_give_an_empty_summary():
-    s = summarize_path(FIXTURES / "empty")
-    assert s.rows == [] and s.rank == 0
-    assert s.h2d_bytes is None and s.h2d_bandwidth_gbps() is None
-    assert s.paper_metrics()["cudaLaunchKernel"] == {
-        "present": False, "total_s": 0.0, "calls": 0, "share_of_category": 0.0, "percent_of_selected": 0.0}
-    json.dumps(s.to_dict(), allow_nan=False)
+def test_empty_reports_are_refused_naming_each_file():
+    # A rank whose every report is empty, header only or skipped by nsys has
+    # nothing to summarise: an all-zero profile would read as "no time spent".
+    folder = FIXTURES / "empty"
+    with pytest.raises(nsys.NsysError) as err:
+        summarize_path(folder)
+    text = str(err.value)
+    assert f"{folder / 'rank0_cuda_api_sum.csv'} (nsys: SKIPPED: /scratch/run/rank0.sqlite does not contain " \
+           "CUDA trace data.)" in text
+    assert f"{folder / 'rank0_cuda_gpu_kern_sum.csv'} (header only)" in text
+    assert f"{folder / 'rank0_nvtx_sum.csv'} (empty)" in text
+    assert "no kernel/API rows in any of these nsys CSV exports" in text
+    assert "`nsys stats --report cuda_api_sum,cuda_gpu_kern_sum,cuda_gpu_mem_time_sum,cuda_gpu_mem_size_sum," \
+           "nvtx_sum --format csv --output <prefix> <report.nsys-rep>`" in text
+    assert "--trace=cuda" in text  # a report without CUDA data needs a new profile, not a re-export
+
+
+HEADERS = {
+    "cuda_api_sum": "Time (%),Total Time (ns),Num Calls,Avg (ns),Med (ns),Min (ns),Max (ns),StdDev (ns),Name\n",
+    "cuda_gpu_kern_sum": "Time (%),Total Time (ns),Instances,Avg (ns),Med (ns),Min (ns),Max (ns),StdDev (ns),Name\n",
+}
+
+
+@pytest.mark.parametrize("name, text, why, report", [
+    ("rank0_cuda_gpu_kern_sum.csv", HEADERS["cuda_gpu_kern_sum"], "header only", "cuda_gpu_kern_sum"),
+    ("rank0_cuda_api_sum.csv", "", "empty", "cuda_api_sum"),
+    ("rank0_cuda_api_sum.csv", "\n\n", "empty", "cuda_api_sum"),
+    ("export.csv", HEADERS["cuda_api_sum"] + "\n", "header only", "cuda_api_sum"),  # kind from the header
+    ("export.csv", "", "empty", ",".join(nsys.NSYS_REPORTS)),
+], ids=["header-only", "empty", "blank-lines", "unnamed-header-only", "unnamed-empty"])
+def test_a_header_only_or_empty_csv_is_refused(tmp_path, name, text, why, report):
+    path = tmp_path / name
+    path.write_text(text)
+    expected = (f"{path}: no kernel/API rows in the nsys CSV export ({why}); re-export with "
+                f"`nsys stats --report {report} --format csv --output <prefix> <report.nsys-rep>`")
+    with pytest.raises(nsys.NsysError) as err:
+        summarize_path(path)
+    assert str(err.value).startswith(expected), str(err.value)
+    with pytest.raises(nsys.NsysError, match="no kernel/API rows"):
+        summarize_path(tmp_path)  # the directory it is alone in
+
+
+def test_cli_profile_of_an_empty_export_exits_2_naming_the_file(tmp_path, capsys):
+    from perfsuite import cli
+
+    path = tmp_path / "rank0_cuda_gpu_kern_sum.csv"
+    path.write_text(HEADERS["cuda_gpu_kern_sum"])
+    assert cli.main(["profile", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith(f"perfsuite profile: {path}: no kernel/API rows in the nsys CSV export "
+                                   "(header only); re-export with `nsys stats --report cuda_gpu_kern_sum")
+    assert "Traceback" not in captured.err
+    assert cli.main(["profile", str(FIXTURES / "empty")]) == 2
+    assert str(FIXTURES / "empty" / "rank0_nvtx_sum.csv") in capsys.readouterr().err
+
+
+def test_some_empty_reports_of_a_rank_are_legitimate(tmp_path):
+    # nsys writes a report header-only (or SKIPPED) when the run had none of
+    # it: no NVTX ranges, no memcpy, or no kernels on a cell computing on the
+    # CPU. The rest of the rank's reports still make its summary.
+    for name in ("rank0_cuda_api_sum.csv", "rank0_cuda_gpu_mem_time_sum.csv",
+                 "rank0_cuda_gpu_mem_size_sum.csv"):
+        (tmp_path / name).write_text((FIXTURES / "v2024" / name).read_text())
+    (tmp_path / "rank0_cuda_gpu_kern_sum.csv").write_text(HEADERS["cuda_gpu_kern_sum"])
+    (tmp_path / "rank0_nvtx_sum.csv").write_text(
+        "SKIPPED: /r/rank0.sqlite does not contain NV Tools Extension (NVTX) data.\n")
+    s = summarize_path(tmp_path)
+    assert s.rank == 0 and s.category_rows("kernel") == [] and s.category_rows("nvtx") == []
+    assert s.find("cudaLaunchKernel").calls > 0 and s.h2d_bytes == pytest.approx(38_400e6)
+    assert not s.paper_metrics()["ncclDevKernel_AllGather"]["present"]
+
+
+def test_a_rank_with_only_empty_reports_is_named(tmp_path):
+    for src in (FIXTURES / "v2024").glob("rank0_*.csv"):
+        (tmp_path / src.name).write_text(src.read_text())
+    for report, header in HEADERS.items():
+        (tmp_path / f"rank1_{report}.csv").write_text(header)
+    with pytest.raises(nsys.NsysError) as err:
+        summarize_path(tmp_path)
+    text = str(err.value)
+    assert f"{tmp_path / 'rank1_cuda_api_sum.csv'} (header only)" in text
+    assert "rank0" not in text
 
 
 @pytest.mark.parametrize("name, message", [
@@ -206,6 +282,20 @@ def test_summarize_report_runs_nsys_stats(tmp_path):
     both = summarize_path(runs, nsys=str(fake))
     assert [p.rank for p in both.ranks] == [0, 1]
     assert both.ranks[1].category_rows("cuda_api") == []
+
+
+def test_a_report_nsys_stats_finds_nothing_in_is_named(tmp_path):
+    fake = tmp_path / "bin" / "nsys"
+    fake.parent.mkdir()
+    fake.write_text(f"#!{sys.executable}\nimport sys\nassert sys.argv[1] == 'stats'\n")  # writes no CSV
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    report = tmp_path / "rank0.nsys-rep"
+    report.write_bytes(b"")
+    with pytest.raises(nsys.NsysError, match=rf"^{report}: `nsys stats` wrote no CSV report "
+                                             r"\(the report holds no CUDA or NVTX data\)"):
+        summarize_path(report, nsys=str(fake))
+    with pytest.raises(nsys.NsysError, match=rf"^{report}: `nsys stats` wrote no CSV report"):
+        summarize_path(tmp_path, nsys=str(fake))
 
 
 def test_missing_nsys_is_a_clear_error(tmp_path, monkeypatch):

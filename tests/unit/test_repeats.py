@@ -1,53 +1,17 @@
 """Repeated launches of a cell: the Runner's repeats, baselines that keep
-launches apart, and the detection benchmark's interleaved trials.
-
-Launches are stood in for by a fake ``run_cell`` whose launches scatter in
-level (as identical launches do on a shared machine) and slow down by the
-injected ``slow`` fault; the real launch path has its own tests."""
+launches apart, and the detection benchmark's interleaved trials (launches
+are the fake ones of conftest.py)."""
 
 import json
 import math
 
-import numpy as np
 import pytest
 
 from perfsuite import baselines as bl
 from perfsuite import detection, recording
-from perfsuite.launch import LaunchOptions
 from perfsuite.runner import Runner
 from tests.unit.cellkit import tiny_image_cell
-
-CPU_ENV = {"cpu_model": "AMD EPYC 9334", "cpu_cores": 2, "gpu_count": 0}
-
-
-class FakeLaunches:
-    """run_cell's stand-in: records each launch's directory and options."""
-
-    def __init__(self, seed=0, launch_sigma=0.01, level=0.1):
-        self.rng = np.random.default_rng(seed)
-        self.launch_sigma, self.level = launch_sigma, level
-        self.calls = []
-
-    def __call__(self, cell, out_dir, opts=None):
-        opts = opts or LaunchOptions()
-        self.calls.append((cell.id, out_dir, dict(opts.options)))
-        fault = opts.options.get("fault", "")
-        slow = float(fault.split(":")[3]) if fault.startswith("slow") else 0.0
-        level = self.level * math.exp(self.rng.normal(0, self.launch_sigma)) * (1 + slow)
-        samples = list(self.rng.lognormal(math.log(level), 0.01, 20))
-        return {"id": cell.id, "params": cell.params(), "status": "ok", "reason": None,
-                "env": CPU_ENV, "duration_s": 1.0, "checks": [], "ranks": [],
-                "metrics": {"step_time": {"value": float(np.median(samples)), "unit": "s",
-                                          "samples": samples},
-                            "throughput": {"value": 16 / level, "unit": "images/s"}}}
-
-
-@pytest.fixture
-def fake(monkeypatch):
-    launches = FakeLaunches()
-    monkeypatch.setattr("perfsuite.launch.run_cell", launches)
-    monkeypatch.setattr("perfsuite.detection.run_cell", launches)
-    return launches
+from tests.unit.conftest import CPU_ENV, FakeLaunches, no_baselines
 
 
 def measured_here(runner):
@@ -61,11 +25,11 @@ def step_check(result):
 
 def test_runner_launches_each_cell_repeatedly_into_its_own_directories(tmp_path, fake):
     cell = tiny_image_cell(world_size=1)
-    result = Runner(tmp_path, probe=False, baselines=tmp_path / "none", repeats=4).result(cell)
-    assert [d for _, d, _ in fake.calls] == [tmp_path, tmp_path / "launch1",
-                                            tmp_path / "launch2", tmp_path / "launch3"]
+    out = tmp_path / "out"
+    result = Runner(out, probe=False, baselines=no_baselines(tmp_path), repeats=4).result(cell)
+    assert [d for _, d, _ in fake.calls] == [out, out / "launch1", out / "launch2", out / "launch3"]
     assert result["repeats"] == 4 and len(result["metrics"]["step_time"]["launches"]) == 4
-    saved = json.loads((tmp_path / "results.json").read_text())["cells"][0]
+    saved = json.loads((out / "results.json").read_text())["cells"][0]
     assert saved["metrics"]["step_time"]["launch_medians"] == \
         result["metrics"]["step_time"]["launch_medians"]
 
@@ -77,7 +41,7 @@ def test_repeats_must_be_positive(tmp_path):
 
 def test_a_baseline_recorded_from_launches_judges_launch_by_launch(tmp_path, fake):
     cell = tiny_image_cell(world_size=1)
-    reference = Runner(tmp_path / "ref", probe=False, baselines=tmp_path / "none", repeats=4)
+    reference = Runner(tmp_path / "ref", probe=False, baselines=no_baselines(tmp_path), repeats=4)
     reference.result(cell)
     plan = recording.record_run(measured_here(reference), root=tmp_path / "baselines")
     stored = json.loads((plan.folder / "samples.json").read_text())
@@ -97,7 +61,7 @@ def test_unknown_between_launches_is_measured_with_more_launches(tmp_path, monke
     noisy = FakeLaunches(seed=3, launch_sigma=0.08)
     monkeypatch.setattr("perfsuite.launch.run_cell", noisy)
     cell = tiny_image_cell(world_size=1)
-    reference = Runner(tmp_path / "ref", probe=False, baselines=tmp_path / "none", repeats=4)
+    reference = Runner(tmp_path / "ref", probe=False, baselines=no_baselines(tmp_path), repeats=4)
     reference.result(cell)
     recording.record_run(measured_here(reference), root=tmp_path / "baselines")
     before = len(noisy.calls)

@@ -2,6 +2,7 @@
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -113,3 +114,162 @@ def test_a_failed_launch_is_the_result_and_says_which():
 def test_one_launch_is_left_as_it_is():
     one = measured([1.0, 2.0])
     assert results.merge_repeats([one]) is one
+
+
+# -- results.json checked against its published JSON Schema -----------------
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def written_run(tmp_path):
+    """A results.json as ResultsFile writes it: measured (a NaN loss, a NaN
+    sample), repeated, failed and skipped cells."""
+    store = results.ResultsFile(tmp_path, env={"torch": "x"}, argv=["pytest", "-q"])
+    ranks = [record(0, [1.0, 2.0], loss=math.nan), record(1, [1.5, 1.0], peak_rss=7)]
+    for rank in ranks:
+        rank["counters"] = {"window_steps": 2, "per_step": {"flops": 10, "ops/aten::add": 3},
+                            "unstable": []}
+    measured_cell = aggregate(cell(), ranks)
+    measured_cell["metrics"]["loss"]["samples"] = [2.3, math.nan]
+    store.add(measured_cell)
+    store.add(results.merge_repeats([aggregate(cell(pin_memory=True), [record(0, [1.0, 1.1])]),
+                                     aggregate(cell(pin_memory=True), [record(0, [1.2, 1.3])])]))
+    store.add(aggregate(cell(world_size=1), [None], status="error", reason="rank 0 died"))
+    store.add(aggregate(cell(precision="bf16"), [record(0, [1.0]), record(1, [1.0, 2.0])]))
+    store.add(results.skipped_result(cell(world_size=4), "needs 4 GPU(s), 0 present"))
+    store.add(results.skipped_result(cell(world_size=8), "measured on node 0", partner=True))
+    return store.path
+
+
+def test_the_schema_file_is_a_valid_draft_2020_12_schema():
+    from jsonschema import Draft202012Validator
+
+    assert results.SCHEMA_FILE.is_file()
+    assert results.SCHEMA_FILE.parent == Path(results.__file__).parent / "schemas"  # package data
+    schema = json.loads(results.SCHEMA_FILE.read_text())
+    Draft202012Validator.check_schema(schema)
+    assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    assert schema["properties"]["schema"] == {"const": results.SCHEMA}
+    assert tuple(schema["$defs"]["cell"]["properties"]["status"]["enum"]) == results.STATUSES
+
+
+def test_a_results_file_as_written_validates(tmp_path):
+    from jsonschema import Draft202012Validator
+
+    path = written_run(tmp_path)
+    data = json.loads(path.read_text())
+    assert len(data["cells"]) == 6 and {c["status"] for c in data["cells"]} == {"ok", "error", "skipped"}
+    assert data["cells"][1]["repeats"] == 2 and "launches" in data["cells"][1]["metrics"]["step_time"]
+    assert data["cells"][0]["counters"]["per_step"] == {"flops": 20, "ops/aten::add": 6}
+    assert data["cells"][0]["metrics"]["loss"]["samples"] == [2.3, None]  # NaN written as null
+    schema = json.loads(results.SCHEMA_FILE.read_text())
+    assert list(Draft202012Validator(schema).iter_errors(data)) == []
+    assert results.load(tmp_path)["cells"] == data["cells"]
+
+
+def real_runs():
+    found = [*REPO.glob(".perfsuite/*/results.json"), *REPO.glob(".perfsuite/**/results.json"),
+             *REPO.glob("baselines/**/results.json")]
+    return sorted(set(found))
+
+
+def test_every_real_results_file_in_the_repository_validates():
+    runs = real_runs()
+    if not runs:
+        pytest.skip("no results.json under .perfsuite/ or baselines/ (no run in this checkout)")
+    for path in runs:
+        assert results.load(path)["schema"] == results.SCHEMA, path
+
+
+def broken(tmp_path, change):
+    """A valid written run, changed by ``change(data)``, written back."""
+    path = written_run(tmp_path)
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _set(data, where, value):
+    *head, last = where
+    for key in head:
+        data = data[key]
+    data[last] = value
+
+
+WRONG_SHAPES = {
+    "cells as an object": (lambda d: _set(d, ["cells"], {c["id"]: c for c in d["cells"]}),
+                           "cells: ", "is not of type 'array'"),
+    "a cell without id": (lambda d: d["cells"][3].pop("id"),
+                          "cells/3: ", "'id' is a required property"),
+    "an id not a string": (lambda d: _set(d, ["cells", 1, "id"], 7),
+                           "cells/1/id: ", "7 is not of type 'string'"),
+    "samples as strings": (lambda d: _set(d, ["cells", 0, "metrics", "step_time", "samples"], ["a", "b"]),
+                           "cells/0/metrics/step_time/samples/0: ", "'a' is not of type 'number'"),
+    "params missing": (lambda d: d["cells"][2].pop("params"),
+                       "cells/2: ", "'params' is a required property"),
+    "a status not in STATUSES": (lambda d: _set(d, ["cells", 1, "status"], "passed"),
+                                 "cells/1/status: ", "'passed' is not one of ['ok', 'failed'"),
+    "a metric value as text": (lambda d: _set(d, ["cells", 0, "metrics", "peak_rss", "value"], "7 GB"),
+                               "cells/0/metrics/peak_rss/value: ", "'7 GB' is not of type 'number'"),
+    "a check without verdict": (lambda d: d["cells"][0]["checks"].append({"name": "step_time"}),
+                                "cells/0/checks/0: ", "'verdict' is a required property"),
+    "counters of text": (lambda d: _set(d, ["cells", 0, "counters", "per_step", "flops"], "many"),
+                         "cells/0/counters/per_step/flops: ", "'many' is not of type 'number'"),
+}
+
+
+@pytest.mark.parametrize("shape", list(WRONG_SHAPES))
+def test_a_wrong_shape_is_refused_naming_the_file_and_path(tmp_path, shape):
+    change, where, what = WRONG_SHAPES[shape]
+    path = broken(tmp_path, change)
+    with pytest.raises(ValueError) as err:
+        results.load(tmp_path)
+    message = str(err.value)
+    assert f"{path}: {where}" in message and what in message, message
+    assert str(results.SCHEMA_FILE) in message and "--perf-out" in message  # what to do
+    assert "Traceback" not in message and len(message) < 2000
+
+
+def test_only_the_first_few_problems_are_listed(tmp_path):
+    def strings(data):
+        for entry in data["cells"]:
+            entry["status"] = "weird"
+
+    broken(tmp_path, strings)
+    with pytest.raises(ValueError, match=r"cells/0/status: 'weird' is not one of") as err:
+        results.load(tmp_path / "results.json")
+    message = str(err.value)
+    assert message.count("is not one of") == results.MAX_PROBLEMS == 3
+    assert "and 3 more problem(s)" in message
+
+
+def test_a_huge_wrong_value_is_not_printed_whole(tmp_path):
+    path = broken(tmp_path, lambda d: _set(d, ["cells"], {f"c{i}": "x" * 100 for i in range(500)}))
+    with pytest.raises(ValueError, match=f"{path}: cells: ") as err:
+        results.load(path)
+    assert len(str(err.value)) < 2000
+
+
+def test_the_existing_messages_stay(tmp_path):
+    (tmp_path / "results.json").write_text(json.dumps({"schema": "perfsuite.results/0", "cells": []}))
+    with pytest.raises(ValueError, match=r"results.json: schema 'perfsuite.results/0', expected 'perfsuite.results/1'"):
+        results.load(tmp_path)
+    (tmp_path / "results.json").write_text("[1, 2]")  # JSON, but not an object
+    with pytest.raises(ValueError, match=r"results.json: a JSON array, expected an object"):
+        results.load(tmp_path)
+
+
+@pytest.mark.parametrize("command", [["compare", "{run}", "{run}"], ["report", "{run}"],
+                                     ["baseline", "record", "{run}", "--root", "{root}", "--dry-run"]])
+def test_the_commands_name_the_problem_instead_of_a_traceback(tmp_path, capsys, command):
+    from perfsuite.cli import main
+
+    run = broken(tmp_path / "run", lambda d: _set(d, ["cells", 0, "metrics", "step_time", "samples"], ["a"]))
+    argv = [a.format(run=run.parent, root=tmp_path / "baselines") for a in command]
+    try:  # a usage error: printed with exit status 2, or raised as SystemExit(message)
+        code, said = main(argv), capsys.readouterr().err
+    except SystemExit as stop:
+        code, said = 2, str(stop.code)
+    assert code == 2 and f"perfsuite: {run}: cells/0/metrics/step_time/samples/0: 'a'" in said
+    assert not (tmp_path / "baselines").exists() and not (run.parent / "report.html").exists()

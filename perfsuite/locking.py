@@ -1,0 +1,96 @@
+"""Locks on folders perfsuite writes: one session per output directory, one
+``baseline record`` at a time per baseline folder.
+
+The lock itself is ``filelock``'s (``flock`` on POSIX), so the kernel drops
+it when its holder dies, however it dies. Who holds it is written beside it
+(pid, host, command, time) for the message a second session gets; a holder
+file left by a dead process is how a stale lock is recognised and reported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock, Timeout
+
+LOCK_NAME = ".perfsuite.lock"
+HOLDER_NAME = ".perfsuite.lock.json"
+
+
+class LockBusy(RuntimeError):
+    """The folder is held by another live process."""
+
+
+def _holder_text(holder: dict[str, Any] | None) -> str:
+    if not holder:
+        return "another process"
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder.get("since", 0)))
+    return (f"pid {holder.get('pid')} on host {holder.get('host')} since {since} "
+            f"({' '.join(holder.get('argv', [])[:6])})")
+
+
+def _read_holder(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+class FolderLock:
+    """``with FolderLock(folder, purpose):`` or acquire()/release().
+
+    ``wait_s`` 0 refuses at once when the folder is held (a second session
+    into one output directory); a positive value waits that long (a second
+    ``baseline record`` then merges with what the first wrote).
+    """
+
+    def __init__(self, folder: Path | str, purpose: str, wait_s: float = 0.0) -> None:
+        self.folder, self.purpose, self.wait_s = Path(folder), purpose, wait_s
+        self._lock = FileLock(str(self.folder / LOCK_NAME))
+        self.took_over: dict[str, Any] | None = None  # the dead holder whose lock was taken
+
+    @property
+    def holder_file(self) -> Path:
+        return self.folder / HOLDER_NAME
+
+    def acquire(self) -> FolderLock:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        try:
+            self._lock.acquire(timeout=self.wait_s)
+        except Timeout:
+            raise LockBusy(f"{self.folder} is in use ({self.purpose}) by "
+                           f"{_holder_text(_read_holder(self.holder_file))}; wait for it to "
+                           "finish, or choose another folder") from None
+        # The kernel gave us the lock, so a holder file still here was left by a
+        # process that died holding it (SIGKILL, a lost node): say whose it was.
+        self.took_over = _read_holder(self.holder_file)
+        me = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),
+              "argv": sys.argv, "purpose": self.purpose}
+        tmp = self.holder_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(me))
+        os.replace(tmp, self.holder_file)
+        return self
+
+    def stale_message(self) -> str | None:
+        if not self.took_over:
+            return None
+        return (f"{self.folder}: took over the lock left by {_holder_text(self.took_over)}, "
+                "which is no longer running")
+
+    def release(self) -> None:
+        if self._lock.is_locked:
+            self.holder_file.unlink(missing_ok=True)
+            self._lock.release()
+
+    def __enter__(self) -> FolderLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
