@@ -54,6 +54,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"interrupted ({str(stop) or 'Ctrl-C'}): {len(runner.results)} cell(s) kept in "
               f"{runner.out_dir / 'results.json'}", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # stdout's reader left: main ends quietly
+        raise
     except OSError as err:  # a full disk, a mount gone read-only
         print(f"perfsuite run: cannot write the results ({err}); {len(runner.results)} cell(s) "
               f"measured, each also kept in its cell directory under {runner.out_dir / 'cells'}",
@@ -436,6 +438,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import os
     import signal
     import threading
 
@@ -443,14 +446,18 @@ def main(argv: list[str] | None = None) -> int:
     # `perfsuite list | head -1`: end of SIGPIPE, quietly, as other command-line
     # tools do, not in a BrokenPipeError traceback. Only as the console script
     # (argv None; a caller in-process, pytest included, keeps Python's handling),
-    # and not for the commands whose ranks run in sessions of their own: their
-    # BrokenPipeError unwinds through the code that ends the ranks, where SIGPIPE
-    # would kill this process alone and leave them running.
+    # and not for the commands that launch ranks: their BrokenPipeError unwinds
+    # through the code that ends the ranks and keeps what was measured, and
+    # ends quietly below.
     if (argv is None and hasattr(signal, "SIGPIPE") and args.command not in ("run", "ab", "detection")
             and threading.current_thread() is threading.main_thread()):
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     try:
         return args.func(args)
+    except BrokenPipeError:  # the reader went away: nothing more to say, nowhere to say it
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the exit's flush does not complain
+        return 128 + signal.SIGPIPE
     except (cells_mod.CellError, UsageProblem) as err:
         print(f"perfsuite: {err}" if isinstance(err, cells_mod.CellError) else str(err),
               file=sys.stderr)

@@ -102,8 +102,6 @@ def pytest_configure(config: pytest.Config) -> None:
     except cells_mod.CellError as err:
         raise pytest.UsageError(str(err)) from None
     config.stash[SESSION_KEY] = _session_runner(config)
-    if not _xdist_worker(config):  # a CI cancel: end the running cell, keep the rest, report
-        config.stash[PREVIOUS_SIGTERM] = handle_sigterm()
 
 
 def _xdist_worker(config: pytest.Config) -> bool:
@@ -123,6 +121,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         config.stash[SESSION_KEY].begin()
     except (SessionError, BaselineError) as err:
         raise pytest.UsageError(f"perfsuite: {err}") from None
+    # Only a session that measures: a CI cancel then ends the running cell,
+    # keeps the rest and writes the report; other pytest runs keep SIGTERM as is.
+    config.stash[PREVIOUS_SIGTERM] = handle_sigterm()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

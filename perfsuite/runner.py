@@ -47,6 +47,13 @@ RUN_OUTPUTS = ("results.json", "results.csv", "checks.csv", "report.html", "figu
                "cells", "preflight")
 
 
+class _SharedDirectory:
+    """The no-lock of a multi-node run's shared output directory."""
+
+    def release(self) -> None:
+        pass
+
+
 class Runner:
     def __init__(self, out_dir: Path | str, launch: LaunchOptions | None = None,
                  resume: bool = False, baselines: Path | str | None = None,
@@ -82,6 +89,15 @@ class Runner:
         out = self.out_dir
         if out.exists() and not out.is_dir():
             raise SessionError(f"output directory {out} is a file; give a directory to --out")
+        if self.launch.nodes.nnodes > 1:
+            # The nodes of one multi-node run share the directory on purpose
+            # (one of them writes each cell's result): no lock, no emptiness.
+            out.mkdir(parents=True, exist_ok=True)
+            self._lock = _SharedDirectory()
+            self.baseline_sets  # noqa: B018
+            if self.resume:
+                self._finished = self._load_finished()
+            return
         try:
             lock = FolderLock(out, "perfsuite session").acquire()
         except LockBusy as err:

@@ -192,3 +192,34 @@ def test_sigterm_to_pytest_keeps_finished_cells_writes_the_report_and_ends_the_r
     assert (out / "report.html").exists()
     time.sleep(2)
     assert survivors(str(out)) == []
+
+
+def test_an_interrupted_run_says_how_and_keeps_its_cells(tmp_path, capsys, monkeypatch):
+    def interrupted(self, cell):
+        raise KeyboardInterrupt()
+
+    monkeypatch.setattr("perfsuite.runner.Runner.result", interrupted)
+    assert cli_main(["run", GPU_CELL, "--out", str(tmp_path / "out"), "--no-probe"]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted (Ctrl-C): 0 cell(s) kept in" in err and "()" not in err
+
+
+def test_run_piped_into_a_reader_that_leaves_ends_quietly(tmp_path):
+    run = subprocess.Popen([sys.executable, "-m", "perfsuite.cli", "run", GPU_CELL, "--no-probe",
+                            "--out", str(tmp_path / "out")], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE)
+    run.stdout.close()  # the reader is gone before the first line
+    _, err = run.communicate(timeout=120)
+    assert b"Traceback" not in err and run.returncode == 128 + signal.SIGPIPE
+
+
+def test_a_pytest_run_without_cells_keeps_its_sigterm_and_output(pytester):
+    pytester.makepyfile("""
+import signal
+
+def test_plain():
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+""")
+    result = pytester.runpytest_subprocess()
+    result.assert_outcomes(passed=1)
+    assert not (pytester.path / ".perfsuite").exists()
