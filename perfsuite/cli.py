@@ -462,6 +462,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"perfsuite: {err}" if isinstance(err, cells_mod.CellError) else str(err),
               file=sys.stderr)
         return EXIT_USAGE
+    except OSError as err:  # a file that cannot be read or written: say which, no traceback
+        print(f"perfsuite {args.command}: {err.filename or ''}: {err.strerror or err}",
+              file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"perfsuite {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -286,6 +286,9 @@ def launch_options(*, data_dir: str | Path | None = None, options: list[str] = (
     bad = [o for o in options if "=" not in o]
     if bad:
         raise ValueError(f"option {bad[0]!r}: expected KEY=VALUE")
+    if data_dir is not None and not Path(data_dir).is_dir():
+        raise ValueError(f"data directory {data_dir}: not a directory; give the folder holding "
+                         "the datasets (MNIST IDX files, ...)")
     if timeout is not None and not timeout > 0:  # 0 would mean no time at all, not "no limit"
         raise ValueError(f"timeout {timeout:g}: give a positive number of seconds, or leave it "
                          "out to use each cell's own timeout")

@@ -223,3 +223,23 @@ def test_plain():
     result = pytester.runpytest_subprocess()
     result.assert_outcomes(passed=1)
     assert not (pytester.path / ".perfsuite").exists()
+
+
+def test_a_missing_data_directory_is_refused_before_the_first_launch(tmp_path, capsys):
+    assert cli_main(["run", GPU_CELL, "--out", str(tmp_path / "out"), "--no-probe",
+                     "--data-dir", str(tmp_path / "no-mnist")]) == 2
+    assert "no-mnist: not a directory" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_report_that_cannot_be_written_is_a_sentence(tmp_path, capsys, monkeypatch):
+    run = write_run(tmp_path / "run", "smoke/x")
+
+    def refuse(path, text):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr("perfsuite.fsutil.atomic_write_text", refuse)
+    monkeypatch.setattr("perfsuite.report.tables.atomic_write_text", refuse)
+    assert cli_main(["report", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "Permission denied" in err and "Traceback" not in err
