@@ -75,11 +75,16 @@ class BaselineError(ValueError):
 
 
 ROOT_ENV = "PERFSUITE_BASELINES"
-PROJECT_BASELINES = Path(__file__).resolve().parent.parent / "baselines"  # absent when installed
+# The project's baselines/: beside the package in a checkout (and an editable
+# install); inside it, as perfsuite/_baselines, in a wheel (pyproject.toml maps
+# the top-level baselines/ there).
+PROJECT_BASELINES = next((p for p in (Path(__file__).resolve().parent / "_baselines",
+                                      Path(__file__).resolve().parent.parent / "baselines")
+                          if p.is_dir()), Path(__file__).resolve().parent.parent / "baselines")
 
 
 def default_root() -> Path:
-    """``$PERFSUITE_BASELINES`` or the repository's ``baselines/``."""
+    """``$PERFSUITE_BASELINES``, else the project's baselines (PROJECT_BASELINES)."""
     env = os.environ.get(ROOT_ENV)
     return Path(env) if env else PROJECT_BASELINES
 
@@ -119,11 +124,47 @@ def norm(value: Any) -> str:
         str(int(number)) if number == int(number) else repr(number))
 
 
+# GPU models whose NVML/torch name carries no board form factor on the SXM
+# board: "NVIDIA H100 80GB HBM3" is the H100 SXM5, "NVIDIA H200" the H200 SXM;
+# their PCIe and NVL boards say so ("NVIDIA H100 PCIe", "NVIDIA H100 NVL").
+_SXM_WHEN_UNNAMED = ("h100", "h200")
+
+
+def gpu_model(name: str) -> str:
+    """The GPU model a device name or profile-id model part belongs to, for
+    ratios: the chip and its board form factor; memory size and type aside.
+
+    The SXM variants of one chip are one model ("NVIDIA H100 80GB HBM3",
+    "NVIDIA H100 SXM5 94GB", the papers' "H100 SXM 94 GB": h100-sxm): the
+    same GPU on the same board and NVLink, with more or other memory. The
+    PCIe card (114 SMs, 350 W, NVLink only through a bridge) and the NVL card
+    (PCIe board, 350-400 W, 2-GPU NVLink bridge) are other boards with other
+    clocks, power and links, so their scaling, precision and pinning ratios
+    are not the SXM's: h100-pcie and h100-nvl are models of their own. The
+    H200 (HBM3e at 4.8 TB/s against the H100's 3.35) is another model too.
+    """
+    tokens = [t for t in re.split(r"[^a-z0-9]+", name.lower().replace("nvidia", " ")) if t]
+    kept = []
+    for token in tokens:
+        if re.fullmatch(r"\d+gb|hbm\d*e?|gddr\d*x?", token):
+            continue  # memory size and type: the same model across memory sizes
+        kept.append("sxm" if re.fullmatch(r"sxm\d*", token) else token)
+    if len(kept) == 1 and kept[0] in _SXM_WHEN_UNNAMED:
+        kept.append("sxm")
+    return "-".join(kept) or name
+
+
 def hardware_model(profile_id: str) -> str:
-    """The model part of a profile id: GPU count and link, or CPU core count, removed."""
-    match = (re.match(r"^(?P<model>.+)-x\d+-[a-z0-9-]+$", profile_id)
-             or re.match(r"^(?P<model>cpu-.+)-\d+c$", profile_id))
-    return match.group("model") if match else profile_id
+    """The model part of a profile id: GPU count and link, or CPU core count,
+    removed; for a GPU, its model as ``gpu_model`` says (memory aside), so
+    ratios compare across memory sizes and GPU counts of one GPU model."""
+    cpu = re.match(r"^(?P<model>cpu-.+)-\d+c$", profile_id)
+    if cpu:
+        return cpu.group("model")
+    if profile_id.startswith("cpu-"):
+        return profile_id
+    gpu = re.match(r"^(?P<model>.+)-x\d+-[a-z0-9-]+$", profile_id)
+    return gpu_model(gpu.group("model")) if gpu else profile_id
 
 
 def parse_reference(text: str) -> dict[str, str]:

@@ -26,6 +26,10 @@ LLM_TECHNIQUES = ("lora", "qlora", "dpo", "qat", "qat-lora")
 PROBE_STRATEGIES = ("preflight",)  # the pre-flight probe of GPUs and interconnect
 PRECISIONS = ("fp64", "fp32", "fp16", "bf16")
 MEMORY_FORMATS = ("nchw", "nhwc")
+# fp32 math on CUDA: which float32 ops may run on TF32 tensor cores. "conv":
+# cuDNN convolutions only (PyTorch's defaults from 1.12 on, what the papers
+# most likely ran); "off": strict fp32 everywhere; "all": convolutions and matmuls.
+TF32_MODES = ("conv", "off", "all")
 DEVICES = ("cpu", "cuda")
 
 EXPERIMENTS_DIR = Path(__file__).parent / "experiments"
@@ -53,6 +57,7 @@ class Cell:
     loader_workers: int = 0  # DataLoader worker processes per rank
     image_size: int = 0  # image only
     memory_format: str = "nchw"  # image only
+    tf32: str = "conv"  # image only: TF32_MODES; in the id when not "conv"
     lr_warmup_steps: int = 0  # llm scheduler warm-up (the paper's "warm-up steps")
     max_seq_len: int = 0  # llm only
     timeout_s: int = 600
@@ -76,6 +81,8 @@ class Cell:
             problems.append(f"precision {self.precision!r} not in {PRECISIONS}")
         if self.precision == "fp16" and self.device == "cpu":
             problems.append("fp16 autocast needs CUDA; CPU cells use bf16")
+        if self.tf32 not in TF32_MODES:
+            problems.append(f"tf32 {self.tf32!r} not in {TF32_MODES}")
         if self.memory_format not in MEMORY_FORMATS:
             problems.append(f"memory_format {self.memory_format!r} not in {MEMORY_FORMATS}")
         if self.world_size < 1:
@@ -93,7 +100,7 @@ class Cell:
         pin = "pin" if self.pin_memory else "nopin"
         if self.workload == "image":
             parts = [self.strategy, ranks, self.precision, f"px{self.image_size}", pin,
-                     self.memory_format]
+                     self.memory_format] + ([f"tf32-{self.tf32}"] if self.tf32 != "conv" else [])
         elif self.workload == "probe":
             parts = [ranks]
         else:

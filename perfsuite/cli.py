@@ -1,4 +1,4 @@
-"""The ``perfsuite`` command: list, run, compare, ab, baseline record, report, profile, overhead."""
+"""The ``perfsuite`` command: list, run, compare, ab, baseline record, report, profile, overhead, doctor."""
 
 from __future__ import annotations
 
@@ -11,9 +11,33 @@ from perfsuite import cells as cells_mod
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    for cell in cells_mod.select(tier=args.tier, workload=args.workload):
+    chosen = cells_mod.select(tier=args.tier, workload=args.workload)
+    if args.json:
+        print(json.dumps([{"id": cell.id, "params": cell.params()} for cell in chosen], indent=1))
+        return 0
+    for cell in chosen:
         print(cell.id)
     return 0
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("perfsuite")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from perfsuite import doctor
+
+    checks = doctor.run_checks(tier=args.tier, data_dir=args.data_dir)
+    if args.json:
+        print(json.dumps(doctor.summary(checks, args.tier), indent=1))
+    else:
+        print(doctor.text(checks, args.tier))
+    return EXIT_FAILED if any(c.status == doctor.BLOCKER for c in checks) else EXIT_OK
 
 
 class UsageProblem(Exception):
@@ -39,17 +63,28 @@ def _cmd_run(args: argparse.Namespace) -> int:
             raise ValueError("--repeats must be at least 1")
     except ValueError as err:
         raise UsageProblem(f"perfsuite run: {err}") from None
+    gpu_cells = [c.id for c in chosen if c.device == "cuda"]
+    if gpu_cells and not args.allow_no_gpu:
+        from perfsuite.hardware import why_no_gpu
+
+        why = why_no_gpu()
+        if why is not None:  # skipping every cell would exit 0 having measured nothing
+            raise UsageProblem(
+                f"perfsuite run: {len(gpu_cells)} GPU cell(s) selected ({gpu_cells[0]}"
+                f"{', ...' if len(gpu_cells) > 1 else ''}), and torch sees no GPU: {why}. "
+                "Nothing was launched; pass --allow-no-gpu to skip the GPU cells instead")
     launch.on_progress = lambda cell, line: print(f"    {cell.id}: {line}", flush=True)
     runner = Runner(args.out or default_out_dir(), launch, resume=args.resume,
                     repeats=args.repeats, baselines=args.baselines, probe=not args.no_probe,
                     overwrite=args.overwrite, on_notice=lambda line: print(f"perfsuite: {line}"))
+    runner.allow_no_gpu = args.allow_no_gpu  # read by its pre-flight probe
     try:
         runner.begin()
     except (SessionError, BaselineError) as err:
         raise UsageProblem(f"perfsuite run: {err}") from None
     handle_sigterm()
     try:
-        return _run_cells(runner, chosen, args.fail_on_skipped)
+        return _run_cells(runner, chosen, args.fail_on_skipped, json_out=args.json_out)
     except KeyboardInterrupt as stop:
         print(f"interrupted ({str(stop) or 'Ctrl-C'}): {len(runner.results)} cell(s) kept in "
               f"{runner.out_dir / 'results.json'}", file=sys.stderr)
@@ -65,14 +100,29 @@ def _cmd_run(args: argparse.Namespace) -> int:
         runner.end()
 
 
-def _run_cells(runner, chosen: list, fail_on_skipped: bool) -> int:
+def _cmd_run_maybe_json(args: argparse.Namespace) -> int:
+    """``run --json``: stdout carries one JSON document at the end (_run_cells
+    writes it to the stdout kept here); everything said on the way, by
+    _cmd_run, the runner's notices and progress, goes to stderr."""
+    if not args.json:
+        return _cmd_run(args)
+    import contextlib
+
+    args.json_out = sys.stdout
+    with contextlib.redirect_stdout(sys.stderr):
+        return _cmd_run(args)
+
+
+def _run_cells(runner, chosen: list, fail_on_skipped: bool, json_out=None) -> int:
     from perfsuite.judge import failures
     from perfsuite.report import probe_lines, skipped_lines, summary_lines
 
     bad = 0
+    measured = []
     for i, cell in enumerate(chosen, 1):
         print(f"[{i}/{len(chosen)}] {cell.id} ...", flush=True)
         result = runner.result(cell)
+        measured.append(result)
         skipped = result["status"] == "skipped" or any(
             c["verdict"] == "skipped" for c in result.get("checks", []))
         bad += (result["status"] not in ("ok", "skipped") or bool(failures(result))
@@ -83,14 +133,26 @@ def _run_cells(runner, chosen: list, fail_on_skipped: bool) -> int:
     for line in skipped_lines(runner.results):
         print(line)
     kept = [r for r in runner.results if not r.get("partner")]
+    code = EXIT_FAILED if bad else EXIT_OK
+    report = None
     if not kept:
         print("no result written here")
-        return EXIT_FAILED if bad else EXIT_OK
-    print(f"results: {runner.file.path}")
-    from perfsuite.report.html import write_reports
+    else:
+        print(f"results: {runner.file.path}")
+        from perfsuite.report.html import write_reports
 
-    print(f"report: {write_reports(runner.out_dir)['report_html']}")
-    return EXIT_FAILED if bad else EXIT_OK
+        report = write_reports(runner.out_dir)["report_html"]
+        print(f"report: {report}")
+    if json_out is not None:
+        print(json.dumps({
+            "results": str(runner.file.path) if kept else None,
+            "report": str(report) if report else None, "exit": code,
+            "cells": [{"id": r["id"], "status": r["status"], "reason": r.get("reason"),
+                       "failed_checks": failures(r),
+                       "skipped_checks": [c["name"] for c in r.get("checks", [])
+                                          if c["verdict"] == "skipped"]} for r in measured],
+        }, indent=1, default=str), file=json_out, flush=True)
+    return code
 
 
 def _load_run(path: Path) -> dict:
@@ -109,8 +171,11 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     verdicts = compare_runs(run_a, run_b, tolerance=args.tolerance, confidence=args.confidence,
                             allow_other_hardware=args.allow_other_hardware,
                             launch_statistic=args.launch_statistic)
-    for v in verdicts:
-        print(f"{v.get('cell')}  {v['name']:<24} {v['verdict'].upper():<10} {v.get('message', '')}")
+    if args.json:
+        print(json.dumps(verdicts, indent=1, default=str))
+    else:
+        for v in verdicts:
+            print(f"{v.get('cell')}  {v['name']:<24} {v['verdict'].upper():<10} {v.get('message', '')}")
     if any(v["verdict"] in ("regressed", "fail") for v in verdicts):
         return EXIT_FAILED
     shared = {c["id"] for c in run_a["cells"]} & {c["id"] for c in run_b["cells"]}
@@ -304,12 +369,25 @@ LAUNCH_STATISTIC_HELP = ("what each of 4+ repeated launches contributes to the s
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="perfsuite", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"perfsuite {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("list", help="print cell ids, one per line")
     p.add_argument("--tier", default="all", choices=[*cells_mod.TIERS, "all"])
     p.add_argument("--workload", choices=cells_mod.WORKLOADS)
+    p.add_argument("--json", action="store_true", help="a JSON array of the cells: id and params")
     p.set_defaults(func=_cmd_list)
+
+    p = sub.add_parser("doctor", help="what will and will not work here, before a GPU run: "
+                                      "GPUs, driver, NCCL, nsys, /dev/shm, disk, MNIST",
+                       description="One line per check: ok, warn, or BLOCKER with the fix. "
+                                   "Exit 1 on a blocker, 0 otherwise.")
+    p.add_argument("--tier", choices=cells_mod.TIERS,
+                   help="judge for this tier: gate and full need a GPU, smoke does not "
+                        "(default: say which tiers can run, nothing blocks)")
+    p.add_argument("--data-dir", type=Path, help="directory with the MNIST IDX files (full tier)")
+    p.add_argument("--json", action="store_true", help="print the checks as JSON")
+    p.set_defaults(func=_cmd_doctor)
 
     p = sub.add_parser("run", help="measure cells and write results.json")
     p.add_argument("ids", nargs="*", metavar="ID")
@@ -333,12 +411,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="exit 1 when a comparison could not be made (no comparable baseline, "
                         "a skipped cell): for CI, where a green run must have judged something")
     p.add_argument("--gpus", metavar="0,1", help="GPUs this run may use")
+    p.add_argument("--allow-no-gpu", action="store_true",
+                   help="where torch sees no GPU, skip the GPU cells instead of exiting 2 "
+                        "(the default: a GPU run that measured nothing must not pass)")
     p.add_argument("--nnodes", type=int, default=1, help="nodes a cell spans (c10d)")
     p.add_argument("--rdzv-endpoint", metavar="HOST:PORT")
     p.add_argument("--rdzv-id", metavar="JOB", help="the same on every node, new per job")
     p.add_argument("--slurm", action="store_true",
                    help="inside a SLURM allocation: nodes from the job, torchrun via srun")
-    p.set_defaults(func=_cmd_run)
+    p.add_argument("--json", action="store_true",
+                   help="print a JSON summary on stdout at the end (results.json's path, each "
+                        "cell's status and failed checks); progress goes to stderr")
+    p.set_defaults(func=_cmd_run_maybe_json, json_out=None)
 
     p = sub.add_parser("compare", help="per-cell verdicts of RUN_B against RUN_A")
     p.add_argument("run_a", type=Path, help="reference run (directory or results.json)")
@@ -349,6 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="compare absolute numbers across hardware profiles anyway")
     p.add_argument("--launch-statistic", choices=LAUNCH_STATISTICS, default="median",
                    help=LAUNCH_STATISTIC_HELP)
+    p.add_argument("--json", action="store_true", help="print the verdicts as a JSON array")
     p.set_defaults(func=_cmd_compare)
 
     p = sub.add_parser("baseline", help="stored baselines")

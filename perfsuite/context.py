@@ -9,6 +9,20 @@ from pathlib import Path
 from typing import Any
 
 
+def default_cache_dir() -> Path:
+    """Where files made once and reused by later launches go (generated data,
+    the 16 GB random Llama3-8B checkpoint): ``$PERFSUITE_CACHE_DIR`` (or its
+    short form ``$PERFSUITE_CACHE``), else ``$XDG_CACHE_HOME/perfsuite``, else
+    ``~/.cache/perfsuite``. Never the checkout: CI's checkout cleans it, and
+    every run would write the checkpoint again."""
+    chosen = os.environ.get("PERFSUITE_CACHE_DIR") or os.environ.get("PERFSUITE_CACHE")
+    if chosen:
+        return Path(chosen).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"  # XDG: relative is unset
+    return base / "perfsuite"
+
+
 @dataclass
 class RankContext:
     rank: int
@@ -38,10 +52,10 @@ class RankContext:
 
     @property
     def cache_dir(self) -> Path:
-        """Files made once and reused by later launches (option ``cache_dir``,
-        else ``$PERFSUITE_CACHE_DIR``, else ``.perfsuite/cache``)."""
-        chosen = self.options.get("cache_dir") or os.environ.get("PERFSUITE_CACHE_DIR")
-        return Path(chosen).expanduser() if chosen else Path.cwd() / ".perfsuite" / "cache"
+        """Files made once and reused by later launches: option ``cache_dir``,
+        else ``default_cache_dir()``."""
+        chosen = self.options.get("cache_dir")
+        return Path(chosen).expanduser() if chosen else default_cache_dir()
 
     def backend(self) -> str:
         return "nccl" if self.device.startswith("cuda") else "gloo"

@@ -53,6 +53,19 @@ def sanity_checks(cell: Cell, result: dict[str, Any]) -> list[dict[str, Any]]:
         moved = metrics.get("h2d_bytes", {}).get("value")
         checks.append(_check("sanity.h2d_bytes", _finite_positive(moved), moved,
                              "> 0: every batch crosses to the GPU"))
+        # A GPU cell whose steps wait on the DataLoader measures the loader; the limit is data.
+        import tomllib
+
+        from perfsuite.cells import EXPERIMENTS_DIR
+        limits = tomllib.loads((EXPERIMENTS_DIR / "image.toml").read_text()).get("limits", {})
+        share = (result.get("info") or {}).get("loader_wait_share")
+        limit = limits.get("max_loader_wait_share")
+        if (share is not None and limit is not None
+                and cell.strategy not in limits.get("loader_wait_exempt_strategies", ())):
+            checks.append(_check(
+                "sanity.loader_wait_share", share <= limit, share, f"<= {limit} (image.toml [limits])",
+                "" if share <= limit else f"rank 0 waited for its DataLoader {share:.0%} of a median "
+                "step: the cell measures the loader, not the GPU; give it more loader_workers or cores"))
     profiler = result.get("profiler", {}).get("mode", "off")
     if profiler != "off":
         rows = (result.get("profile") or {}).get("rows", [])

@@ -51,6 +51,7 @@ class LaunchOptions:
 
 
 def gpus_present() -> int:
+    """The GPUs torch sees in this process (CUDA_VISIBLE_DEVICES applied)."""
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -61,7 +62,9 @@ def cell_dir(out_dir: Path, cell: Cell) -> Path:
 
 
 def profiler_mode(cell: Cell, opts: LaunchOptions) -> tuple[str, str]:
-    """("nsys" | "torch" | "off", why nsys was not used)."""
+    """("nsys" | "torch" | "off", why nsys was not used). nsys is the one
+    resolve_nsys finds ($PERFSUITE_NSYS_BIN, else PATH); one set to nothing
+    executable raises NsysConfigError naming it."""
     from perfsuite.profiling import choose_profiler
 
     requested = opts.profiler
@@ -84,10 +87,13 @@ def torchrun_argv(cell: Cell, directory: Path, opts: LaunchOptions, profiler: st
             f"--nproc-per-node={plan.procs_per_node}", "--max-restarts=0",
             "--tee=3", f"--log-line-prefix-template={diagnose.RANK_PREFIX}"]
     if profiler == "nsys":  # each rank under its own `nsys profile`, one report per rank
-        from perfsuite.profiling import RANK_OUTPUT_PATTERN, nsys_profile_argv
+        from perfsuite.profiling import RANK_OUTPUT_PATTERN, nsys_profile_argv, resolve_nsys
 
+        # The binary profiler_mode chose ($PERFSUITE_NSYS_BIN or PATH), by its
+        # absolute path; nsys writes into directory/profile, which run_cell makes.
         target = str(directory / "profile" / RANK_OUTPUT_PATTERN)
-        return argv + ["--no-python", *nsys_profile_argv([opts.python, *worker], target)]
+        return argv + ["--no-python", *nsys_profile_argv([opts.python, *worker], target,
+                                                         nsys=resolve_nsys())]
     return argv + worker
 
 
@@ -125,10 +131,25 @@ def _attach_profile(result: dict[str, Any], mode: str, note: str, profile_dir: P
     """nsys reports become a summary here; torch summaries came with the ranks."""
     result["profiler"] = {"mode": mode, "note": note}
     if mode == "nsys" and result["status"] == "ok":
-        from perfsuite.profiling import NsysError, summarize_path
+        from perfsuite.profiling import NsysError, NsysImportError, remember_import_failure, summarize_path
 
         try:
             result["profile"] = summarize_path(profile_dir).to_dict()
+        except NsysImportError as err:
+            # nsys recorded but could not import (.qdstrm only). The torch.profiler
+            # fallback cannot be had after the fact: the ranks ran under nsys, so
+            # none of them ran torch.profiler, and a second launch only for a
+            # profile would cost a cell's whole run and time a different launch.
+            # So this cell keeps its timings and says why it has no profile and
+            # how to get one; later cells of this session get torch.profiler
+            # (choose_profiler remembers this nsys), as do cells whose nsys
+            # install is seen to lack the importer before they launch.
+            remember_import_failure(str(err))
+            result["profiler"]["error"] = str(err)
+            result["profiler"]["note"] = "; ".join(filter(None, [note, (
+                "this launch ran under nsys, so it has no torch.profiler summary; its timings stand. "
+                "Later cells of this session are profiled with torch.profiler; the next run with "
+                "`--perf-profile torch` (pytest) or `--profile torch` (perfsuite run) profiles this one")]))
         except (NsysError, OSError) as err:  # the timings stand without the profile
             result["profiler"]["error"] = str(err)
     if result.get("profile"):  # readable later with `perfsuite profile DIR`
@@ -235,10 +256,13 @@ def run_cell(cell: Cell, out_dir: Path, opts: LaunchOptions | None = None) -> di
             return skipped_result(cell, f"GPU(s) {','.join(map(str, missing))} given with --gpus "
                                         f"are not present ({present} GPU(s) here)")
         present = len(opts.gpus)
-    if cell.device == "cuda" and plan.procs_per_node > present:
-        return skipped_result(cell, f"needs {plan.procs_per_node * plan.nnodes} GPU(s)"
-                                    f"{' per node' if plan.nnodes > 1 else ''}, "
-                                    f"{present} present")
+    # The GPUs the cell drives, not its processes: DataParallel ("dp") is one
+    # process driving world_size GPUs, and without them it crashes on an
+    # invalid device id instead of being skipped.
+    needed = -(-cell.gpus_needed // plan.nnodes)
+    if cell.device == "cuda" and needed > present:
+        return skipped_result(cell, f"needs {needed} GPU(s){' per node' if plan.nnodes > 1 else ''}"
+                                    f", {present} present")
 
     directory = cell_dir(out_dir, cell)
     if plan.nnodes == 1 and directory.exists():
@@ -246,6 +270,8 @@ def run_cell(cell: Cell, out_dir: Path, opts: LaunchOptions | None = None) -> di
     directory.mkdir(parents=True, exist_ok=True)
     atomic_write_json(directory / "cell.json", cell.params())
     profiler, profiler_note = profiler_mode(cell, opts)
+    if profiler != "off":  # `nsys profile --output profile/rank<N>` creates no folder
+        (directory / "profile").mkdir(exist_ok=True)
     argv = plan.wrap(torchrun_argv(cell, directory, opts, profiler, plan))
     timeout = opts.timeout_s or cell.timeout_s
     token = plan.run_token

@@ -119,15 +119,31 @@ class Plan:
         return self.nodes.record_wait_s if self.multi else 0.0
 
     def partner_of(self, records: list[dict | None], agent_pid: int) -> bool:
-        """True on a rendezvous node whose agent did not run rank 0."""
+        """True on a rendezvous node whose launch did not run rank 0.
+
+        Rank 0's record names the launcher that started it (``launcher``: the
+        PERFSUITE_LAUNCHER_HOST/PID of launch.launcher_env, passed down
+        through the environment), compared with this process. Not the rank's
+        parent: under ``nsys profile`` that is nsys, never the agent, and no
+        node would own the result. ``agent_pid`` is for records without it.
+        """
         if not self.multi or self.nodes.slurm or not records or records[0] is None:
             return False
+        launcher = records[0].get("launcher") or {}
+        if launcher.get("pid"):
+            return launcher != launcher_identity()
         return records[0].get("agent_pid") != agent_pid
 
     def partner_reason(self, records: list[dict | None]) -> str:
         host = (records[0] or {}).get("host", "?")
         return (f"ran its share of a {self.nnodes}-node cell; the result is written by the "
                 f"node running rank 0 ({host})")
+
+
+def launcher_identity() -> dict[str, str]:
+    """This launching process as its ranks record it (perfsuite.worker, from
+    the PERFSUITE_LAUNCHER_HOST/PID that launch.launcher_env sets)."""
+    return {"host": socket.gethostname(), "pid": str(os.getpid())}
 
 
 def plan(cell: Cell, nodes: Nodes) -> Plan:

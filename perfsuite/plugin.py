@@ -8,13 +8,14 @@ parametrised over the cells of the selected tier (or of ``--perf-cell``);
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from perfsuite import cells as cells_mod
-from perfsuite import report
-from perfsuite.runner import Runner, default_out_dir, handle_sigterm, launch_options
+from perfsuite import cells as cells_mod  # stdlib and tomllib only: pytest_addoption's choices
+
+if TYPE_CHECKING:  # the rest is imported in the functions that use it
+    from perfsuite.runner import Runner
 
 SESSION_KEY = pytest.StashKey["Runner"]()
 PREVIOUS_SIGTERM = pytest.StashKey[object]()
@@ -52,6 +53,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="a comparison that could not be made (no comparable baseline, a "
                          "skipped cell) fails its test: for CI, where a green run must have "
                          "judged something")
+    group.addoption("--perf-allow-no-gpu", action="store_true",
+                    help="where torch sees no GPU, skip the GPU cells (gate, full) instead of "
+                         "refusing to start (the default: a GPU run that measured nothing "
+                         "must not pass)")
     group.addoption("--perf-gpus", default=None, metavar="0,1",
                     help="GPUs this session may use (CUDA_VISIBLE_DEVICES for its cells)")
     group.addoption("--perf-nnodes", type=int, default=1, metavar="N",
@@ -66,6 +71,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def _session_runner(config: pytest.Config) -> Runner:
+    from perfsuite.runner import Runner, default_out_dir, launch_options
+
     get = config.getoption
     try:
         launch = launch_options(
@@ -111,18 +118,33 @@ def _xdist_worker(config: pytest.Config) -> bool:
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Check what the session's cells need before the first is launched."""
     config = session.config
+    allow_no_gpu = config.getoption("--perf-allow-no-gpu")
+    config.stash[SESSION_KEY].allow_no_gpu = allow_no_gpu  # read by its pre-flight probe
     measured = [item for item in session.items if "perf_cell" in getattr(item, "fixturenames", ())]
     if not measured or config.option.collectonly or _xdist_worker(config):
         return
     from perfsuite.baselines import BaselineError
     from perfsuite.runner import SessionError
 
+    gpu_cells = [c.id for c in (getattr(getattr(item, "callspec", None), "params", {}).get(
+        "perf_cell") for item in measured) if isinstance(c, cells_mod.Cell) and c.device == "cuda"]
+    if gpu_cells and not allow_no_gpu:
+        from perfsuite.hardware import why_no_gpu
+
+        why = why_no_gpu()
+        if why is not None:  # a GPU tier that skips every cell would pass, measuring nothing
+            raise pytest.UsageError(
+                f"perfsuite: {len(gpu_cells)} GPU cell(s) selected ({gpu_cells[0]}"
+                f"{', ...' if len(gpu_cells) > 1 else ''}), and torch sees no GPU: {why}. "
+                "Nothing was launched; pass --perf-allow-no-gpu to skip the GPU cells instead")
     try:
         config.stash[SESSION_KEY].begin()
     except (SessionError, BaselineError) as err:
         raise pytest.UsageError(f"perfsuite: {err}") from None
     # Only a session that measures: a CI cancel then ends the running cell,
     # keeps the rest and writes the report; other pytest runs keep SIGTERM as is.
+    from perfsuite.runner import handle_sigterm
+
     config.stash[PREVIOUS_SIGTERM] = handle_sigterm()
 
 
@@ -161,6 +183,8 @@ def perf_session(request: pytest.FixtureRequest) -> Runner:
 @pytest.fixture
 def perf_result(perf_cell, perf_session: Runner, request) -> dict[str, Any]:
     """The measured result of this test's cell; skips or fails with the reason."""
+    from perfsuite import report
+
     if _xdist_worker(request.config):
         pytest.fail(f"{perf_cell.id}: perfsuite cells do not run under pytest-xdist: its workers "
                     "would measure on top of each other and each rewrite results.json. Run the "
@@ -228,6 +252,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     session: Runner = config.stash.get(SESSION_KEY, None)
     if session is None or not session.results:
         return
+    from perfsuite import report
+
     terminalreporter.section("perfsuite")
     for line in report.probe_lines(session.probe):
         terminalreporter.write_line(line)

@@ -6,9 +6,18 @@ peaks of the node's GPU (``perfsuite.peaks``): a node that multiplies, copies
 or all-reduces at less than a set fraction of its datasheet figures is not
 trusted, and regression verdicts measured on it should not be believed.
 
+The host link is the node's, not the GPU's: an H100 PCIe in a Gen4 server
+copies at Gen4 speed. Host-to-device copies and all-reduces without NVLink
+are compared with the PCIe link NVML reports for the session's GPUs (its
+generation and width, in the fingerprint: ``pcie_gen``, ``pcie_width``),
+and an all-reduce without NVLink or peer-to-peer access is expected at half
+of it (staged through host memory). NVLink figures come from the datasheet,
+and only where NVLink is up.
+
 Where there is nothing to compare with (a CPU, a GPU the table does not
-hold, a topology whose bandwidth the datasheet does not give) the figures
-are kept and the comparison is reported as not made: never as passed.
+hold, a topology whose bandwidth the datasheet does not give, a PCIe link
+NVML did not report) the figures are kept and the comparison is reported
+as not made: never as passed.
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ from typing import Any
 
 from perfsuite import peaks
 from perfsuite.cells import Cell
+from perfsuite.hardware import pcie_gbps
 
 WORKLOAD = "probe"
 STRATEGY = "preflight"
@@ -71,6 +81,17 @@ def _finite_positive(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 
 
+def host_link(env: dict[str, Any]) -> tuple[float | None, str]:
+    """(GB/s one direction, what it is) of the GPUs' PCIe link as NVML reports it
+    in the fingerprint: the generation and width the GPUs and this system train
+    to, the narrowest of the session's GPUs; (None, why not) without them."""
+    gen, width = env.get("pcie_gen"), env.get("pcie_width")
+    gbps = pcie_gbps(gen, width)
+    if gbps is None:
+        return None, "PCIe link not reported by NVML (no pcie_gen/pcie_width in the fingerprint)"
+    return gbps, f"PCIe Gen{gen} x{width} {gbps:.4g} GB/s one direction (NVML)"
+
+
 def _allreduce_reference(row: peaks.GpuPeaks, info: dict[str, Any], env: dict[str, Any],
                          world: int) -> tuple[float | None, str, str]:
     """(expected GB/s, threshold key, what it is) or (None, "", why not)."""
@@ -83,10 +104,18 @@ def _allreduce_reference(row: peaks.GpuPeaks, info: dict[str, Any], env: dict[st
     if topology == "direct" and world == 2 and row.nvlink_scope == "pair" and row.nvlink_gbps:
         return row.nvlink_gbps, "allreduce_nvlink", \
             f"NVLink {row.nvlink_gbps:g} GB/s one direction, 2-GPU bridge"
-    if (topology == "none" or (topology is None and env.get("interconnect") == "pcie")) \
-            and row.host_link_gbps:
-        return row.host_link_gbps, "allreduce_pcie", \
-            f"{row.host_link} {row.host_link_gbps:g} GB/s one direction, no NVLink"
+    if topology == "none" or (topology is None and env.get("interconnect") == "pcie"):
+        link, what = host_link(env)
+        if link is None:
+            return None, "", f"no NVLink, and {what}"
+        if env.get("gpu_p2p") is True:  # GPU to GPU through the PCIe switches
+            return link, "allreduce_pcie", f"{what}, no NVLink, peer-to-peer"
+        # No peer access (or NVML could not tell): NCCL stages every transfer
+        # through host memory, out over one GPU's link and in over the next's.
+        return link / 2, "allreduce_pcie", \
+            (f"half of {what}: no NVLink, and peer-to-peer "
+             f"{'off' if env.get('gpu_p2p') is False else 'not known'} (staged through host "
+             "memory)")
     if topology is None:
         return None, "", "NVLink topology unknown (no NVML facts from every rank)"
     return None, "", (f"NVLink topology {topology!r} with {row.model} "
@@ -101,14 +130,13 @@ def _expectations(row: peaks.GpuPeaks, info: dict[str, Any], env: dict[str, Any]
         return None if flops is None else flops / 1e12
 
     bf16, fp32 = tflops("bf16"), tflops("fp32")
-    link = row.host_link_gbps
+    link, link_what = host_link(env)
     return {
         "matmul_tflops_bf16": (bf16, "matmul", f"dense bf16 tensor peak {bf16:g} TFLOP/s"
                                if bf16 else "no bf16 figure on the datasheet"),
         "matmul_tflops_fp32": (fp32, "matmul", f"fp32 (non-tensor, TF32 off) peak {fp32:g} "
                                "TFLOP/s" if fp32 else "no fp32 figure on the datasheet"),
-        "h2d_gbps_pinned": (link, "h2d_pinned", f"{row.host_link} {link:g} GB/s one direction"
-                            if link else "no host link figure on the datasheet"),
+        "h2d_gbps_pinned": (link, "h2d_pinned", link_what),
         "h2d_gbps_pageable": (None, "", ("pageable copies are bounded by host memory copies "
                                          "into staging buffers, not by the link")),
         "allreduce_busbw_gbps": _allreduce_reference(row, info, env, world),

@@ -183,20 +183,33 @@ class Runner:
         return self._sets
 
     def preflight(self, device: str) -> dict[str, Any]:
-        """The pre-flight probe, once per session, before the first measured cell."""
+        """The pre-flight probe, once per session, before the first measured cell.
+
+        On GPUs where torch sees none (``perfsuite.hardware.why_no_gpu``) it
+        raises SessionError saying why, unless the session was told to skip
+        GPU cells instead (``allow_no_gpu``: --perf-allow-no-gpu, --allow-no-gpu):
+        a GPU session that measured nothing must not pass as a healthy node."""
         if self.probe is None:
-            from perfsuite.hardware import fingerprint
+            from perfsuite.hardware import fingerprint, why_no_gpu
             from perfsuite.launch import gpus_present, run_cell
             from perfsuite.probe import assess, probe_cell
 
-            ranks = 2
-            if device == "cuda":  # the session's GPUs that are really here
-                present = gpus_present()
+            ranks, reason = 2, "disabled"
+            if device == "cuda" and self.probe_enabled:
+                no_gpu = why_no_gpu()
+                if no_gpu is not None and not getattr(self, "allow_no_gpu", False):
+                    raise SessionError(f"the pre-flight probe of the GPUs cannot run: torch sees "
+                                       f"no GPU: {no_gpu}. To skip the GPU cells instead, pass "
+                                       "--perf-allow-no-gpu (pytest) or --allow-no-gpu "
+                                       "(perfsuite run)")
+                present = 0 if no_gpu is not None else gpus_present()
                 given = self.launch.gpus if self.launch.gpus is not None else range(present)
-                ranks = sum(g < present for g in given)
+                ranks = sum(g < present for g in given)  # the session's GPUs really here
+                reason = (f"no usable GPU: {no_gpu}" if no_gpu is not None else
+                          f"none of the session's GPUs {list(given)} is here ({present} present)")
             if not self.probe_enabled or ranks == 0:
                 self.probe = {"status": "skipped", "assessment": {"trusted": True},
-                              "reason": "disabled" if not self.probe_enabled else "no GPU"}
+                              "reason": reason}
             else:
                 result = run_cell(probe_cell(device, ranks), self.out_dir / "preflight",
                                   self.launch)

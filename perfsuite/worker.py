@@ -136,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
                     "device": ctx.device, "pid": os.getpid(), "started": time.time(),
                     # which torchrun agent ran this rank, and for which launch
                     "agent_pid": os.getppid(), "host": socket.gethostname(),
+                    "launcher": {"host": os.environ.get("PERFSUITE_LAUNCHER_HOST"),  # owner of the
+                                 "pid": os.environ.get("PERFSUITE_LAUNCHER_PID")},  # result (multinode)
                     "run_token": os.environ.get("PERFSUITE_RUN_TOKEN")}
     status = 0
     try:

@@ -8,8 +8,10 @@ nsys CSVs and comparing summaries works without it.
 from .nsys import (
     NSYS_REPORTS,
     RANK_OUTPUT_PATTERN,
+    NsysConfigError,
     NsysCsvError,
     NsysError,
+    NsysImportError,
     NsysNotFoundError,
     choose_profiler,
     nsys_available,
@@ -17,6 +19,8 @@ from .nsys import (
     nsys_stats_argv,
     rank_report_path,
     read_nsys_csv,
+    remember_import_failure,
+    resolve_nsys,
     run_nsys_stats,
     summarize_csvs,
     summarize_path,
@@ -38,8 +42,9 @@ from .summary import (
 
 __all__ = [
     "CATEGORIES", "H2D", "NSYS_REPORTS", "PAPER_METRICS", "RANK_OUTPUT_PATTERN", "SCHEMA",
-    "BusBandwidth", "NsysCsvError", "NsysError", "NsysNotFoundError", "ProfileRow",
-    "ProfileSummary", "RowDelta", "attribute_change", "choose_profiler", "format_summary", "merge_rank_summaries",
-    "nccl_bus_bandwidth", "nsys_available", "nsys_profile_argv", "nsys_stats_argv",
-    "rank_report_path", "read_nsys_csv", "run_nsys_stats", "summarize_csvs", "summarize_path",
+    "BusBandwidth", "NsysConfigError", "NsysCsvError", "NsysError", "NsysImportError", "NsysNotFoundError",
+    "ProfileRow", "ProfileSummary", "RowDelta", "attribute_change", "choose_profiler", "format_summary",
+    "merge_rank_summaries", "nccl_bus_bandwidth", "nsys_available", "nsys_profile_argv", "nsys_stats_argv",
+    "rank_report_path", "read_nsys_csv", "remember_import_failure", "resolve_nsys", "run_nsys_stats",
+    "summarize_csvs", "summarize_path",
 ]

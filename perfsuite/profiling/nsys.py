@@ -55,22 +55,119 @@ class NsysNotFoundError(NsysError):
     """The nsys binary is not installed / not on PATH."""
 
 
+class NsysConfigError(NsysNotFoundError):
+    """$PERFSUITE_NSYS_BIN is set but names nothing executable."""
+
+
+class NsysImportError(NsysError):
+    """nsys left only .qdstrm captures: it could not import them into reports."""
+
+
 class NsysCsvError(NsysError, ValueError):
     """A CSV that is not a readable `nsys stats` report."""
 
 
 # -- finding nsys and deciding the profiler --------------------------------
 
-def find_nsys(nsys: str | None = None) -> str | None:
-    """Path of the nsys binary: the argument, $PERFSUITE_NSYS_BIN, then PATH."""
-    candidate = nsys or os.environ.get(NSYS_BIN_ENV) or "nsys"
+_NOT_INSTALLED = (f"nsys (Nsight Systems) is not installed or not on PATH. Install it, set ${NSYS_BIN_ENV}, "
+                  "or run `nsys stats --format csv` where it is and pass the directory of CSVs instead")
+
+
+def qdstrm_only_message(install: str = "") -> str:
+    """What a run that left only .qdstrm files (or would) is told."""
+    where = f" ({install})" if install else ""
+    return (f".qdstrm only: nsys could not import its capture — QdstrmImporter missing from this nsys "
+            f"install{where}; install the full Nsight Systems package")
+
+
+# Installs seen to lack the importer, by binary: found after a launch left only
+# .qdstrm files (remember_import_failure), so later cells of the session are
+# profiled with torch.profiler instead of running nsys for nothing.
+_IMPORT_FAILED: dict[str, str] = {}
+
+
+def _executable(candidate: str) -> str | None:
     if os.path.sep in candidate:
-        return candidate if os.access(candidate, os.X_OK) else None
-    return shutil.which(candidate)
+        path = os.path.abspath(candidate)
+        return path if os.path.isfile(path) and os.access(path, os.X_OK) else None
+    found = shutil.which(candidate)
+    return os.path.abspath(found) if found else None
+
+
+def resolve_nsys(nsys: str | None = None) -> str:
+    """The nsys binary every part of perfsuite runs (the rank wrap, `nsys stats`,
+    the availability check), as an absolute path: ``nsys`` if given, else
+    $PERFSUITE_NSYS_BIN if set, else `nsys` on PATH.
+
+    A set $PERFSUITE_NSYS_BIN that names nothing executable is an error naming
+    it (NsysConfigError), never a quiet fall-back to another nsys on PATH;
+    no nsys at all is NsysNotFoundError.
+    """
+    if nsys:
+        found = _executable(nsys)
+        if found is None:
+            raise NsysNotFoundError(f"nsys binary {nsys!r}: no such executable file")
+        return found
+    configured = os.environ.get(NSYS_BIN_ENV)
+    if configured:
+        found = _executable(configured)
+        if found is None:
+            raise NsysConfigError(
+                f"${NSYS_BIN_ENV}={configured!r} names no executable file: point it at the nsys binary "
+                "(e.g. /opt/nvidia/nsight-systems/<version>/bin/nsys) or unset it to use `nsys` from PATH")
+        return found
+    found = _executable("nsys")
+    if found is None:
+        raise NsysNotFoundError(_NOT_INSTALLED)
+    return found
+
+
+def find_nsys(nsys: str | None = None) -> str | None:
+    """resolve_nsys, or None where no nsys is installed (a misconfigured
+    $PERFSUITE_NSYS_BIN still raises NsysConfigError)."""
+    try:
+        return resolve_nsys(nsys)
+    except NsysConfigError:
+        raise
+    except NsysNotFoundError:
+        return None
 
 
 def nsys_available(nsys: str | None = None) -> bool:
     return find_nsys(nsys) is not None
+
+
+def missing_importer(binary: str) -> str | None:
+    """Why this nsys install cannot turn its captures into reports, or None.
+
+    A failure seen earlier in this session (remember_import_failure), else a
+    look at the install: nsys records into a .qdstrm file and its
+    QdstrmImporter (``<install>/host-linux-<arch>/QdstrmImporter``) makes the
+    .nsys-rep; some images ship ``target-linux-<arch>`` alone. Only a layout
+    recognised as Nsight Systems' own (the binary in ``<install>/bin`` or
+    ``<install>/target-linux-<arch>``, beside a ``target-linux-*`` folder)
+    with no QdstrmImporter in the install or one level down counts as missing
+    it; any other layout is given the benefit of the doubt, and a launch that
+    leaves only .qdstrm files is caught afterwards (summarize_path).
+    """
+    if binary in _IMPORT_FAILED:
+        return _IMPORT_FAILED[binary]
+    install = Path(os.path.realpath(binary)).parent.parent
+    if not any(install.glob("target-linux-*")):
+        return None
+    if any(install.glob("QdstrmImporter")) or any(install.glob("*/QdstrmImporter")):
+        return None
+    return qdstrm_only_message(f"{install}, the install of {binary}, has none")
+
+
+def remember_import_failure(reason: str, nsys: str | None = None) -> None:
+    """After a launch left only .qdstrm files: later choose_profiler calls in
+    this process pick torch.profiler instead of this nsys."""
+    try:
+        binary = resolve_nsys(nsys)
+    except NsysNotFoundError:
+        return
+    _IMPORT_FAILED[binary] = reason
 
 
 def _cuda_available() -> bool:
@@ -85,8 +182,10 @@ def choose_profiler(requested: str = "auto", *, cuda_available: bool | None = No
                     nsys: str | None = None) -> tuple[str, str]:
     """Which profiler to use: ("nsys" | "torch" | "off", why-not-nsys message).
 
-    Nsight Systems needs both a CUDA device and the nsys binary; otherwise the
-    answer is torch.profiler with a message saying what was missing.
+    Nsight Systems needs a CUDA device, the nsys binary (resolve_nsys: a
+    $PERFSUITE_NSYS_BIN naming nothing executable raises NsysConfigError) and
+    its QdstrmImporter; otherwise the answer is torch.profiler with a message
+    saying what was missing.
     """
     if requested not in ("auto", "nsys", "torch", "off"):
         raise ValueError(f"profiler must be auto, nsys, torch or off, not {requested!r}")
@@ -96,9 +195,13 @@ def choose_profiler(requested: str = "auto", *, cuda_available: bool | None = No
         cuda_available = _cuda_available()
     if not cuda_available:
         return "torch", "no CUDA device: Nsight Systems traces CUDA, using torch.profiler (CPU activity) instead"
-    if not nsys_available(nsys):
+    binary = find_nsys(nsys)
+    if binary is None:
         return "torch", (f"nsys not found (PATH or ${NSYS_BIN_ENV}): using torch.profiler instead; "
                          "install Nsight Systems to get the paper's nsys metrics")
+    broken = missing_importer(binary)
+    if broken:
+        return "torch", f"{broken}: using torch.profiler instead"
     return "nsys", ""
 
 
@@ -153,12 +256,12 @@ def run_nsys_stats(report: str | os.PathLike, out_dir: str | os.PathLike | None 
                    timeout_s: float = 1800) -> dict[str, Path]:
     """Run `nsys stats` on a report; return {report name: CSV path} for the
     CSVs it wrote (nsys writes none for a report without data)."""
-    binary = find_nsys(nsys)
-    if binary is None:
-        raise NsysNotFoundError(
-            f"cannot read {report}: nsys (Nsight Systems) is not installed or not on PATH. "
-            f"Install it, set ${NSYS_BIN_ENV}, or run `nsys stats --format csv` where it is "
-            "and pass the directory of CSVs instead")
+    try:
+        binary = resolve_nsys(nsys)
+    except NsysConfigError as err:
+        raise NsysConfigError(f"cannot read {report}: {err}") from None
+    except NsysNotFoundError as err:
+        raise NsysNotFoundError(f"cannot read {report}: {err}") from None
     report = Path(report)
     stem = report.name
     for ext in _REPORT_EXTS:
@@ -442,6 +545,8 @@ def summarize_path(path: str | os.PathLike, *, nsys: str | None = None) -> Profi
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such profile report, CSV or directory")
     if path.is_file():
+        if path.suffix == ".qdstrm":
+            raise _qdstrm_only([path])
         if path.suffix == ".csv":
             return summarize_csvs([path], rank=_rank_of(path.name))
         if path.name.endswith(_REPORT_EXTS):
@@ -459,6 +564,12 @@ def summarize_path(path: str | os.PathLike, *, nsys: str | None = None) -> Profi
         stem = next((candidate.name[: -len(ext)] for ext in _REPORT_EXTS if candidate.name.endswith(ext)), None)
         if stem is not None and stem not in groups:
             groups[stem] = [candidate]  # .nsys-rep sorts before .sqlite and wins
+    # A capture nsys could not import stays a .qdstrm: a rank with nothing
+    # else has no report to read, and a summary of the other ranks alone
+    # would pass for the whole cell's.
+    stranded = [q for q in sorted(path.glob("*.qdstrm")) if q.name[: -len(".qdstrm")] not in groups]
+    if stranded:
+        raise _qdstrm_only(stranded)
     if not groups:  # torch.profiler runs leave per-rank summary JSON instead
         saved = [p for p in sorted(path.glob("*.json")) if not p.name.endswith(".trace.json")]
         if saved:
@@ -467,6 +578,15 @@ def summarize_path(path: str | os.PathLike, *, nsys: str | None = None) -> Profi
         raise NsysCsvError(f"{path}: directory has no nsys CSVs (*.csv), reports (*.nsys-rep, *.sqlite) "
                            "or profile summaries (*.json)")
     return _summarize_groups(groups, lambda members, rank: _summarize_members(members, rank, nsys))
+
+
+def _qdstrm_only(captures: list[Path]) -> NsysImportError:
+    try:
+        binary = resolve_nsys()
+    except NsysNotFoundError:
+        binary = ""
+    listed = ", ".join(str(c) for c in captures)
+    return NsysImportError(f"{qdstrm_only_message(binary)}; no report beside {listed}")
 
 
 def _summarize_members(members: list[Path], rank: int | None, nsys: str | None) -> ProfileSummary:

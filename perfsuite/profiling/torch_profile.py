@@ -146,6 +146,7 @@ class StepProfiler:
         self._t_start: float | None = None
         self._t_end: float | None = None
         self._nsys_capturing = False
+        self._captured: profile | None = None  # a closed window, not yet summarised
 
     # -- construction from the launcher's environment ------------------
     @classmethod
@@ -186,6 +187,7 @@ class StepProfiler:
         if self._prof is not None:
             self._prof.__exit__(*exc)  # fires on_trace_ready if still recording
             self._prof = None
+        self._export()
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -239,8 +241,21 @@ class StepProfiler:
         return max(0, min(self.active, self._steps_done - self.capture_begins_after))
 
     def _on_trace_ready(self, prof: profile) -> None:
+        """Called by torch inside ``step()`` at the end of the window, that is inside
+        the last captured step, which the workload times: only note the capture here.
+        Reading the events and writing the trace (seconds for a chrome trace) wait
+        for ``__exit__``, after the training loop (``_export``)."""
         if self._t_end is None:
             self._close_window()
+        self._captured = prof
+
+    def _export(self) -> None:
+        """Summarise the captured window and write its chrome trace, once, outside
+        the timed steps (``__exit__``; ``summary()`` if that never ran)."""
+        prof, self._captured = self._captured, None
+        if prof is None:
+            return
+        began = time.perf_counter()
         h2d_bytes = None
         trace = self.trace_path
         if trace is not None:
@@ -256,17 +271,20 @@ class StepProfiler:
                 h2d_bytes = h2d_bytes_from_chrome_trace(trace)
         window = None if self._t_start is None or self._t_end is None else self._t_end - self._t_start
         meta = {"device": "cuda" if self.cuda else "cpu", "torch": torch.__version__,
-                "schedule": {"wait": self.wait, "warmup": self.warmup, "active": self.active}}
+                "schedule": {"wait": self.wait, "warmup": self.warmup, "active": self.active},
+                "exported": "after the timed steps"}
         if trace is not None:
             meta["trace"] = str(trace)
         self._summary = summary_from_key_averages(
             prof.key_averages(), rank=self.rank, steps=self.captured_steps, window_s=window,
             h2d_bytes=h2d_bytes, meta=meta)
+        self._summary.meta["export_s"] = time.perf_counter() - began
 
     def summary(self) -> ProfileSummary | None:
         """The captured summary (torch mode, once the window or the with-block
         closed); None in nsys mode (read the nsys report), in off mode, and
         when the loop ended before the window opened."""
+        self._export()
         return self._summary
 
 

@@ -47,14 +47,55 @@ def images_per_step(cell: Cell) -> int:
     return cell.batch_size * cell.world_size
 
 
-def effective_precision(cell: Cell) -> str:
-    return {"fp64": "fp64", "fp32": "fp32", "fp16": "fp16-autocast+gradscaler",
+# Cell.tf32 -> (cuDNN convolutions, matmuls): torch's fp32_precision values.
+# Set explicitly: "fp32" would otherwise mean whatever the installed torch
+# defaults to (torch 2.14: convolutions TF32, matmuls strict), and a GPU's
+# FP32 / FP64 ratio would silently be a TF32 one or not.
+_FP32_MATH = {"off": ("ieee", "ieee"), "conv": ("tf32", "ieee"), "all": ("tf32", "tf32")}
+
+
+def set_fp32_math(cell: Cell) -> None:
+    """This process's TF32 switches, as the cell says (``Cell.tf32``)."""
+    conv, matmul = _FP32_MATH[cell.tf32]
+    backends = torch.backends
+    if hasattr(backends.cudnn, "conv"):  # the fp32_precision API; never mixed with allow_tf32
+        backends.cudnn.conv.fp32_precision = conv
+        backends.cudnn.rnn.fp32_precision = conv  # as conv: cudnn.allow_tf32 reads refuse the two differing
+        backends.cuda.matmul.fp32_precision = matmul
+    else:
+        backends.cudnn.allow_tf32 = conv == "tf32"
+        backends.cuda.matmul.allow_tf32 = matmul == "tf32"
+
+
+def tf32_in_use(device: torch.device) -> tuple[bool, bool]:
+    """(convolutions, matmuls) of fp32 tensors on TF32 tensor cores on ``device``:
+    the switches as set, on a GPU that has TF32 (compute capability 8.0 on),
+    convolutions through cuDNN."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 8:
+        return False, False
+    backends = torch.backends
+    if hasattr(backends.cudnn, "conv"):
+        conv = backends.cudnn.conv.fp32_precision == "tf32"
+        matmul = backends.cuda.matmul.fp32_precision == "tf32"
+    else:
+        conv, matmul = backends.cudnn.allow_tf32, backends.cuda.matmul.allow_tf32
+    return conv and backends.cudnn.enabled, matmul
+
+
+def effective_precision(cell: Cell, device: torch.device | None = None) -> str:
+    """What ran, for the result: fp32 says whether TF32 tensor cores did."""
+    if cell.precision == "fp32":
+        conv, matmul = tf32_in_use(device or torch.device("cpu"))
+        tf32 = " and ".join(name for name, on in (("convolutions", conv), ("matmuls", matmul)) if on)
+        return f"fp32 ({tf32} TF32)" if tf32 else "fp32 (strict)"
+    return {"fp64": "fp64", "fp16": "fp16-autocast+gradscaler",
             "bf16": "bf16-autocast"}[cell.precision]
 
 
 def build_model(cell: Cell, ctx: RankContext) -> tuple[nn.Module, nn.Module]:
     """The wrapped model to train and the bare module to evaluate."""
     device = torch.device(ctx.device)
+    set_fp32_math(cell)
     torch.manual_seed(ctx.seed)
     model = mobilenet_v2(num_classes=NUM_CLASSES)
     if cell.precision == "fp64":
@@ -69,6 +110,63 @@ def build_model(cell: Cell, ctx: RankContext) -> tuple[nn.Module, nn.Module]:
     return nn.parallel.DistributedDataParallel(model, device_ids=ids), model
 
 
+def loader_workers(cell: Cell) -> int:
+    """DataLoader worker processes of one process: the cell's ``loader_workers``
+    per GPU it feeds. A ``dp`` process drives ``world_size`` GPUs from one
+    DataLoader, so it gets ``world_size`` times as many (as many as the DDP
+    ranks of the same GPUs have together); every other strategy runs one
+    process per GPU."""
+    return cell.loader_workers * (cell.world_size if cell.strategy == "dp" else 1)
+
+
+class DataWaits:
+    """Host time each step spent getting its batch, against the step's span.
+
+    ``mark()`` beside every ``StepTimer.mark()`` (the start of each step and
+    once after an epoch's last), ``close_epoch()`` beside its
+    ``close_epoch()``; ``add(fetch_s, copy_s)`` for each batch a step takes:
+    seconds in ``next(loader)`` and in handing the batch to the device.
+    ``time.perf_counter`` only, so it adds no synchronisation on a GPU. There
+    the copy part is what the host spent issuing it: with pin_memory
+    (non_blocking) little more than the enqueue, the DMA itself then runs on
+    the stream inside the step's GPU time; without, torch copies pageable
+    memory synchronously and that includes waiting for the previous step's
+    GPU work. So ``data_wait_share`` (both parts) is an upper bound of the
+    data's share, and ``loader_wait_share`` (``next(loader)`` alone: the GPU
+    idles while the host waits there) is what tells a cell that measures its
+    DataLoader rather than its GPUs.
+    """
+
+    def __init__(self, warmup_steps: int, clock=time.perf_counter) -> None:
+        self.warmup_steps, self.clock = warmup_steps, clock
+        self._segments: list[list[list[float]]] = [[]]  # per epoch: [time, fetch_s, copy_s]
+
+    def mark(self) -> None:
+        self._segments[-1].append([self.clock(), 0.0, 0.0])
+
+    def add(self, fetch_s: float, copy_s: float) -> None:
+        if self._segments[-1]:
+            self._segments[-1][-1][1] += fetch_s
+            self._segments[-1][-1][2] += copy_s
+
+    def close_epoch(self) -> None:
+        if self._segments[-1]:
+            self._segments.append([])
+
+    def shares(self) -> dict[str, float | None]:
+        """Medians over the measured steps (the StepTimer's, warm-up excluded)
+        of (fetch + copy) / span and fetch / span, each step's host span."""
+        data, loader = [], []
+        for marks in self._segments:
+            for (began, fetch, copy), (ended, _, _) in zip(marks, marks[1:]):
+                span = max(ended - began, 1e-12)
+                data.append((fetch + copy) / span)
+                loader.append(fetch / span)
+        data, loader = data[self.warmup_steps:], loader[self.warmup_steps:]
+        median = lambda xs: round(statistics.median(xs), 4) if xs else None  # noqa: E731
+        return {"data_wait_share": median(data), "loader_wait_share": median(loader)}
+
+
 def build_loader(cell: Cell, ctx: RankContext, dataset, epoch: int) -> DataLoader:
     sampler = None
     generator = torch.Generator().manual_seed(ctx.seed + epoch)  # same order on every rank
@@ -80,7 +178,7 @@ def build_loader(cell: Cell, ctx: RankContext, dataset, epoch: int) -> DataLoade
     pin = cell.pin_memory and ctx.device.startswith("cuda")
     return DataLoader(dataset, batch_size=batch, sampler=sampler, shuffle=sampler is None,
                       generator=generator if sampler is None else None, pin_memory=pin,
-                      num_workers=cell.loader_workers, drop_last=False,
+                      num_workers=loader_workers(cell), drop_last=False,
                       persistent_workers=False)
 
 
@@ -160,8 +258,12 @@ def run(cell: Cell, ctx: RankContext) -> dict[str, Any]:
     if cell.strategy != "dp":
         ctx.init_process_group(timeout_s=cell.timeout_s)
     train_x, train_y, test_x, test_y = image_data.load(cell.dataset, ctx.data_dir, ctx.cache_dir)
-    train_set = image_data.ResizedImages(train_x, train_y, cell.image_size, cell.precision)
-    test_set = image_data.ResizedImages(test_x, test_y, cell.image_size, cell.precision)
+    # Resized once (a cache file mapped by every rank and worker), before the
+    # loader forks; the test split only when evaluated (image_data.ResizedImages).
+    train_set = image_data.ResizedImages(train_x, train_y, cell.image_size, cell.precision,
+                                         ctx.cache_dir).prepare()
+    test_set = image_data.ResizedImages(test_x, test_y, cell.image_size, cell.precision,
+                                        ctx.cache_dir)
 
     model, module = build_model(cell, ctx)
     profiler = _step_profiler(cell, ctx)
@@ -176,6 +278,7 @@ def run(cell: Cell, ctx: RankContext) -> dict[str, Any]:
 
     group = ctx.world_size if cell.strategy == "ddp-rr" else 1
     timer = StepTimer(device, cell.warmup_steps)
+    waits = DataWaits(cell.warmup_steps)
     losses: list[torch.Tensor] = []
     epoch_times: list[float] = []
     moved_bytes = 0
@@ -190,9 +293,14 @@ def run(cell: Cell, ctx: RankContext) -> dict[str, Any]:
             images = images.contiguous(memory_format=torch.channels_last)
         return images, labels.to(device, non_blocking=cell.pin_memory)
 
-    def next_batch(batches) -> tuple[torch.Tensor, torch.Tensor]:
+    def next_batch(batches, record: DataWaits | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         for slot in range(group):  # round robin: load all, train on own
-            batch = to_device(*next(batches))
+            began = time.perf_counter()
+            fetched = next(batches)
+            handed = time.perf_counter()
+            batch = to_device(*fetched)
+            if record is not None:  # the timed steps' batches, not the counting window's
+                record.add(handed - began, time.perf_counter() - handed)
             if slot == ctx.rank % group:
                 mine = batch
         return mine
@@ -207,8 +315,9 @@ def run(cell: Cell, ctx: RankContext) -> dict[str, Any]:
                     ctx.report_progress(step_index, "train", steps * cell.epochs)
                     faults.at_step(fault, ctx.rank, step_index)
                     timer.mark()
+                    waits.mark()
                     with phase("data"):
-                        images, labels = next_batch(batches)
+                        images, labels = next_batch(batches, waits)
                     if fault is None:
                         losses.append(train_step(images, labels))
                     else:  # injected slowdown: the step's own duration, scaled
@@ -221,9 +330,11 @@ def run(cell: Cell, ctx: RankContext) -> dict[str, Any]:
                     step_index += 1
                     profiler.step()
                 timer.mark()
+                waits.mark()
             epoch_times.append(epoch_clock.seconds)
             # The step between two epochs includes loader start-up: drop it.
             timer.close_epoch()
+            waits.close_epoch()
 
     samples = timer.samples()
     step_time = statistics.median(samples) if samples else float("nan")
@@ -256,8 +367,10 @@ def run(cell: Cell, ctx: RankContext) -> dict[str, Any]:
     summary = profiler.summary()
     return {"metrics": metrics, "steps": len(samples), "counters": counters,
             "profile": summary.to_dict() if summary else None,
-            "info": {"precision_effective": effective_precision(cell),
+            "info": {"precision_effective": effective_precision(cell, device),
                      "pin_memory_effective": cell.pin_memory and device.type == "cuda",
                      "images_per_step": images_per_step(cell),
                      "train_images": len(train_set), "test_images": len(test_set),
-                     "torch_threads": torch.get_num_threads(), "count_window_s": window_s}}
+                     "torch_threads": torch.get_num_threads(), "count_window_s": window_s,
+                     # rank 0's: see DataWaits for what the two shares mean
+                     "loader_workers": loader_workers(cell), **waits.shares()}}

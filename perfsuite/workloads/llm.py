@@ -27,8 +27,8 @@ rank), outside the training math. How metrics are derived: ``llm_metrics``.
 Options (``RankContext.options``): ``llm_checkpoint_dir``, ``llm_tokenizer``,
 ``llm_data_dir`` (real model, tokenizer, data), ``llm_model`` (tiny|8b),
 ``llm_save_checkpoint`` (1 keeps torchtune's saving), ``cache_dir`` (where
-generated data and random weights go; else $PERFSUITE_CACHE_DIR, else
-``.perfsuite/cache`` under the working directory).
+generated data and random weights go; else perfsuite.context.default_cache_dir():
+$PERFSUITE_CACHE_DIR, else ~/.cache/perfsuite, outside the checkout).
 """
 
 from __future__ import annotations

@@ -24,7 +24,15 @@ step), not the meaning of the words. Where the means come from:
   human ~650, gpt ~800 (our estimate of the split).
 - stack-exchange-paired (lvwerra/stack-exchange-paired), the preference data
   of torchtune's DPO configs: question ~900 and each answer ~800 characters
-  (our estimate; questions and answers there often carry code).
+  (our estimate; questions and answers there often carry code). Chosen and
+  rejected answers are the same kind of text with the same length
+  distribution, so they have the same tokens (as in the real data, where
+  both are answers to the question); what a model can learn to prefer is
+  their words: chosen answers draw from one half of the vocabulary, rejected
+  ones from the other (``text_of_length``'s ``half``), both Zipf-weighted.
+  (Version 2 rejected answers in capitals: ~1.3 characters per token
+  against ~4, so a DPO step carried ~1.5x the tokens of the real data's
+  and a technique comparison per iteration weighed DPO's inflated budget.)
 
 The log-normal spreads (sigma 0.4-0.8) are approximations, not fitted to the
 real data. The resulting order of mean tokens per sample is
@@ -48,7 +56,7 @@ from typing import Any
 from perfsuite.fsutil import atomic_write_text
 
 DATA_DIR = Path(__file__).parent / "data" / "llm"
-GENERATOR_VERSION = 2  # bump when generated rows change: it is part of the file name
+GENERATOR_VERSION = 3  # bump when generated rows change: it is part of the file name
 DEFAULT_GENERATED_ROWS = 1024
 
 NAMES = ("Anna", "Tom", "Kate", "John", "Maria", "Peter", "Lucy", "Mark", "Emma", "Jack",
@@ -113,10 +121,15 @@ def spec(name: str) -> DatasetSpec:
 
 
 # ----------------------------------------------------------- text generation
-@lru_cache(maxsize=1)
-def _vocabulary() -> tuple[tuple[str, ...], tuple[float, ...]]:
+@lru_cache(maxsize=3)
+def _vocabulary(half: int | None = None) -> tuple[tuple[str, ...], tuple[float, ...]]:
+    """The words in order of frequency and their Zipf cumulative weights;
+    ``half`` 0 or 1: every other word from that one on (two disjoint
+    vocabularies with the same mix of short, frequent and long, rare words)."""
     lines = (DATA_DIR / "words.txt").read_text().splitlines()
     words = tuple(dict.fromkeys(w.strip() for w in lines if w.strip() and not w.startswith("#")))
+    if half is not None:
+        words = words[half::2]
     # Zipf's law: the r-th most frequent word has weight 1 / (r + 2.7).
     cum = tuple(accumulate(1.0 / (rank + 2.7) for rank in range(len(words))))
     return words, cum
@@ -128,11 +141,13 @@ def _sentence(rng: random.Random, words: list[str]) -> str:
     return body[:1].upper() + body[1:] + end
 
 
-def text_of_length(rng: random.Random, chars: int) -> str:
-    """Sentences of Zipf-drawn words, cut at a word boundary near ``chars``."""
+def text_of_length(rng: random.Random, chars: int, half: int | None = None) -> str:
+    """Sentences of Zipf-drawn words, cut at a word boundary near ``chars``
+    (words of one half of the vocabulary with ``half``: ``_vocabulary``).
+    Draws as many random numbers whatever ``half`` is."""
     if chars <= 0:
         return ""
-    vocab, cum = _vocabulary()
+    vocab, cum = _vocabulary(half)
     pool = rng.choices(vocab, cum_weights=cum, k=chars // 4 + 8)  # >= words needed
     sentences, current, length, i = [], [], 0, 0
     while length < chars and i < len(pool):
@@ -195,11 +210,16 @@ def _row(name: str, rng: random.Random, index: int) -> dict[str, Any]:
             turns.insert(0, {"from": "system", "value": text_of_length(rng, draw["system"])})
         return {"conversations": turns}
     if name == "stack_exchange_paired":
-        # The rejected answer is the same kind of text in capitals: a preference
-        # a model can learn, so a short DPO run shows its loss falling.
+        # Chosen and rejected answers: the same kind of lower-case text, the
+        # same length distribution and so the same tokens per answer (a DPO
+        # step's budget as with the real data); their words come from the two
+        # halves of the vocabulary, a preference a model can learn, so a short
+        # DPO run shows its loss falling. (Rejected answers in capitals, as in
+        # version 2, tokenised at ~1.3 characters per token against ~4: ~3x
+        # the chosen answer's tokens, which weighed on DPO's step time.)
         return {"qid": index, "question": text_of_length(rng, draw["question"]),
-                "response_j": text_of_length(rng, draw["response_j"]),
-                "response_k": text_of_length(rng, draw["response_k"]).upper()}
+                "response_j": text_of_length(rng, draw["response_j"], half=0),
+                "response_k": text_of_length(rng, draw["response_k"], half=1)}
     raise ValueError(f"no generator for dataset {name!r}")
 
 

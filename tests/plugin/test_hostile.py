@@ -1,8 +1,9 @@
 """Hostile inputs and situations through the pytest plugin and the command line:
 each gets a clear answer, and nothing measured is lost.
 
-The gate cells need GPUs, so on this machine they are skipped without a
-launch: sessions about the session itself cost no measurement."""
+The gate cells need GPUs, so on this machine (told to skip GPU cells where
+torch sees none: --perf-allow-no-gpu, --allow-no-gpu) they are skipped without
+a launch: sessions about the session itself cost no measurement."""
 
 import json
 import os
@@ -21,6 +22,7 @@ from perfsuite.results import SCHEMA
 pytest_plugins = ["pytester"]
 
 GPU_CELL = "gate/image/ddp/g2/fp32/px224/nopin/nchw"
+NO_GPU = "--perf-allow-no-gpu"  # skip GPU cells where torch sees no GPU, as here
 CELL_TEST = """
 import pytest
 
@@ -35,11 +37,12 @@ def test_a_non_empty_out_is_refused_before_anything_runs(pytester):
     out = pytester.path / "out"
     out.mkdir()
     (out / "results.json").write_text("{}")
-    result = pytester.runpytest("--perf-cell", GPU_CELL, "--perf-out", str(out))
+    result = pytester.runpytest("--perf-cell", GPU_CELL, "--perf-out", str(out), NO_GPU)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*out is not empty (results.json)*--resume*--overwrite*"])
     assert (out / "results.json").read_text() == "{}"
-    result = pytester.runpytest("--perf-cell", GPU_CELL, "--perf-out", str(out), "--perf-overwrite")
+    result = pytester.runpytest("--perf-cell", GPU_CELL, "--perf-out", str(out), "--perf-overwrite",
+                                NO_GPU)
     result.assert_outcomes(skipped=1)
     assert json.loads((out / "results.json").read_text())["cells"][0]["id"] == GPU_CELL
 
@@ -57,7 +60,7 @@ def test_a_malformed_baseline_is_refused_before_the_first_launch(pytester):
     folder.mkdir(parents=True)
     (folder / "profile.json").write_text("{not json")
     result = pytester.runpytest("--perf-cell", GPU_CELL, "--perf-out", str(pytester.path / "out"),
-                                "--perf-baselines", str(pytester.path / "baselines"))
+                                "--perf-baselines", str(pytester.path / "baselines"), NO_GPU)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*cpu-x/profile.json: not valid JSON*"])
     assert not (pytester.path / "out" / "results.json").exists()
@@ -73,7 +76,7 @@ def test_a_timeout_that_is_not_positive_is_a_usage_error(pytester, value):
 
 def test_gpus_that_are_not_here_skip_with_the_reason(pytester):
     pytester.makepyfile(CELL_TEST)
-    result = pytester.runpytest("--perf-cell", GPU_CELL, "--perf-gpus", "0,1", "-rs",
+    result = pytester.runpytest("--perf-cell", GPU_CELL, "--perf-gpus", "0,1", "-rs", NO_GPU,
                                 "--perf-out", str(pytester.path / "out"))
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(["*GPU(s) 0,1 given with --gpus are not present (0 GPU(s) here)*"])
@@ -81,7 +84,7 @@ def test_gpus_that_are_not_here_skip_with_the_reason(pytester):
 
 def test_fail_on_skipped_turns_a_run_that_judged_nothing_red(pytester):
     pytester.makepyfile(CELL_TEST)
-    args = ["--perf-cell", GPU_CELL, "-rs"]
+    args = ["--perf-cell", GPU_CELL, "-rs", NO_GPU]
     green = pytester.runpytest(*args, "--perf-out", str(pytester.path / "a"))
     green.assert_outcomes(skipped=1)
     green.stdout.fnmatch_lines(["*1 cell(s) skipped:*", "*1 x needs 2 GPU(s), 0 present*"])
@@ -110,7 +113,7 @@ def pytest_terminal_summary(terminalreporter):
 """)
     pytester.makepyfile(CELL_TEST)
     out = pytester.path / "out"
-    pytester.runpytest("--perf-cell", GPU_CELL, "--perf-out", str(out))
+    pytester.runpytest("--perf-cell", GPU_CELL, "--perf-out", str(out), NO_GPU)
     assert (out / "results.json").exists() and (out / "report.html").exists()
 
 
@@ -135,14 +138,16 @@ def test_compare_exits_2_for_an_unreadable_run_and_3_when_nothing_is_shared(tmp_
 
 def test_run_into_a_file_is_a_usage_error(tmp_path, capsys):
     (tmp_path / "out").write_text("")
-    assert cli_main(["run", GPU_CELL, "--out", str(tmp_path / "out"), "--no-probe"]) == 2
+    assert cli_main(["run", GPU_CELL, "--out", str(tmp_path / "out"), "--no-probe",
+                     "--allow-no-gpu"]) == 2
     assert "is a file" in capsys.readouterr().err
 
 
 def test_run_with_fail_on_skipped_exits_1_and_counts_what_was_skipped(tmp_path, capsys):
-    assert cli_main(["run", GPU_CELL, "--out", str(tmp_path / "a"), "--no-probe"]) == 0
+    assert cli_main(["run", GPU_CELL, "--out", str(tmp_path / "a"), "--no-probe",
+                     "--allow-no-gpu"]) == 0
     assert cli_main(["run", GPU_CELL, "--out", str(tmp_path / "b"), "--no-probe",
-                     "--fail-on-skipped"]) == 1
+                     "--allow-no-gpu", "--fail-on-skipped"]) == 1
     assert "1 cell(s) skipped:" in capsys.readouterr().out
 
 
@@ -199,14 +204,15 @@ def test_an_interrupted_run_says_how_and_keeps_its_cells(tmp_path, capsys, monke
         raise KeyboardInterrupt()
 
     monkeypatch.setattr("perfsuite.runner.Runner.result", interrupted)
-    assert cli_main(["run", GPU_CELL, "--out", str(tmp_path / "out"), "--no-probe"]) == 130
+    assert cli_main(["run", GPU_CELL, "--out", str(tmp_path / "out"), "--no-probe",
+                     "--allow-no-gpu"]) == 130
     err = capsys.readouterr().err
     assert "interrupted (Ctrl-C): 0 cell(s) kept in" in err and "()" not in err
 
 
 def test_run_piped_into_a_reader_that_leaves_ends_quietly(tmp_path):
     run = subprocess.Popen([sys.executable, "-m", "perfsuite.cli", "run", GPU_CELL, "--no-probe",
-                            "--out", str(tmp_path / "out")], stdout=subprocess.PIPE,
+                            "--allow-no-gpu", "--out", str(tmp_path / "out")], stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE)
     run.stdout.close()  # the reader is gone before the first line
     _, err = run.communicate(timeout=120)

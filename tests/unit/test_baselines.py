@@ -171,9 +171,29 @@ def test_ratios_compare_across_profiles_of_the_same_model(paper):
     assert [e.row_ids for e in found] == [("t2-g2-fp16-speedup-vs-fp64",),
                                           ("f-fp16-speedup-vs-fp64",)]
     assert found[1].low == 2.10 and found[1].high == 2.53 and found[1].value is None
-    other = bl.find_expectation(params, "speedup", "h100-80gb-hbm3-80gb-x4-nvlink",
-                                reference="precision=fp64", sets=[paper])
-    assert not other.available and "same hardware model" in other.reason
+    # What NVML names a real H100 SXM5: the same model at another memory size
+    # and GPU count, so the paper's ratios and findings judge it.
+    for real in ("h100-80gb-hbm3-80gb-x4-nvlink", "h100-80gb-hbm3-80gb-x8-nvlink",
+                 "h100-sxm5-94gb-94gb-x2-nvlink", "h100-80gb-hbm3-79gb-x1-unknown-link"):
+        found = bl.find_expectations(params, "speedup", real, reference="precision=fp64",
+                                     sets=[paper])
+        assert [e.row_ids for e in found] == [("t2-g2-fp16-speedup-vs-fp64",),
+                                              ("f-fp16-speedup-vs-fp64",)], real
+    # Other boards (PCIe, NVL: other clocks, power and links) and the H200 are not.
+    for other_model in ("h100-pcie-80gb-x4-pcie", "h100-nvl-94gb-x2-nvlink",
+                        "h200-140gb-x8-nvlink"):
+        other = bl.find_expectation(params, "speedup", other_model, reference="precision=fp64",
+                                    sets=[paper])
+        assert not other.available and "same hardware model" in other.reason, other_model
+
+
+def test_absolute_paper_numbers_need_the_papers_own_machine(paper):
+    # the paper's 4x H100 SXM5 94GB as perfsuite names it: an alias of the folder
+    assert bl.find_expectation(image_params(), "total_time", "h100-sxm5-94gb-94gb-x4-nvlink",
+                               sets=[paper]).available
+    for other in ("h100-80gb-hbm3-80gb-x4-nvlink", "h100-sxm5-94gb-94gb-x2-nvlink"):
+        exp = bl.find_expectation(image_params(), "total_time", other, sets=[paper])
+        assert not exp.available and "same hardware profile" in exp.reason, other
 
 
 def test_aliases_make_another_profile_id_match(paper, tmp_path):
@@ -199,11 +219,29 @@ def test_norm(given, expected):
 
 
 @pytest.mark.parametrize("pid,model", [
-    ("h100-sxm-94gb-x4-nvlink", "h100-sxm-94gb"), ("h100-80gb-hbm3-80gb-x1-unknown-link",
-                                                   "h100-80gb-hbm3-80gb"),
-    ("cpu-amd-epyc-9334-32-core-2c", "cpu-amd-epyc-9334-32-core"), ("odd", "odd")])
+    ("h100-sxm-94gb-x4-nvlink", "h100-sxm"), ("h100-80gb-hbm3-80gb-x1-unknown-link", "h100-sxm"),
+    ("h100-pcie-80gb-x2-pcie", "h100-pcie"), ("h100-nvl-94gb-x2-nvlink", "h100-nvl"),
+    ("a100-sxm4-80gb-80gb-x8-nvlink", "a100-sxm"), ("a100-80gb-pcie-80gb-x1-pcie", "a100-pcie"),
+    ("cpu-amd-epyc-9334-32-core-2c", "cpu-amd-epyc-9334-32-core"),
+    ("cpu-intel-xeon-x5670-avx2-2c", "cpu-intel-xeon-x5670-avx2"), ("odd", "odd")])
 def test_hardware_model(pid, model):
     assert bl.hardware_model(pid) == model
+
+
+@pytest.mark.parametrize("name,memory_gib,model", [
+    ("NVIDIA H100 80GB HBM3", 80, "h100-sxm"),  # the SXM5 board, as NVML and torch name it
+    ("NVIDIA H100 SXM5 94GB", 94, "h100-sxm"),
+    ("NVIDIA H100 SXM5 64GB", 64, "h100-sxm"),
+    ("NVIDIA H100 PCIe", 80, "h100-pcie"),
+    ("NVIDIA H100 NVL", 94, "h100-nvl"),
+    ("NVIDIA H200", 140, "h200-sxm"),
+    ("NVIDIA H200 NVL", 140, "h200-nvl"),
+])
+def test_device_names_find_their_model(name, memory_gib, model):
+    env = {"gpu_name": name, "gpu_count": 4, "gpu_memory_bytes": memory_gib * 2**30,
+           "interconnect": "nvlink"}
+    assert bl.hardware_model(profile_id(env)) == model
+    assert bl.gpu_model(name) == model
 
 
 # ------------------------------------------------------------ validation

@@ -117,3 +117,83 @@ def test_bpe_training_is_deterministic():
     ranks = llm_tokenizer.train_bpe(text, 10)
     assert ranks == llm_tokenizer.train_bpe(text, 10)
     assert len(ranks) == 266 and b" the" in ranks
+
+
+def test_dpo_pairs_carry_the_tokens_of_their_text(tokenizer):
+    """Chosen and rejected answers tokenise alike, and as densely as the SFT rows.
+
+    A DPO step trains on question + chosen and question + rejected; the paper's
+    technique comparison (QAT slowest per iteration) reads step times, so the
+    generated pairs must not carry more tokens than text of their length does.
+    Rejected answers in capitals tokenised at ~1.3 characters per token
+    against ~4 (~3x the chosen answer's tokens, ~1.5x a whole pair's).
+    """
+    def tokens(text):
+        return len(tokenizer.encode(text, add_bos=False, add_eos=False))
+
+    rows = llm_data.generate_rows("stack_exchange_paired", 120, seed=3)
+    chosen = sum(tokens(r["response_j"]) for r in rows)
+    rejected = sum(tokens(r["response_k"]) for r in rows)
+    assert 1 / 1.5 < rejected / chosen < 1.5, (chosen, rejected)
+    assert all(r["response_k"] != r["response_k"].upper() for r in rows)
+
+    def chars_per_token(texts):
+        return sum(map(len, texts)) / sum(map(tokens, texts))
+
+    sft = chars_per_token([llm_data.TEXT_COLUMNS["alpaca"](r)
+                           for r in llm_data.generate_rows("alpaca", 120, seed=3)])
+    for key in ("question", "response_j", "response_k"):
+        density = chars_per_token([r[key] for r in rows])
+        assert 1 / 1.25 < density / sft < 1.25, (key, density, sft)
+
+
+def test_dpo_preference_is_in_the_words():
+    """The learnable preference (a smoke DPO run's loss falls): chosen and
+    rejected answers draw their words from disjoint halves of the vocabulary."""
+    def words(text):
+        return {w.strip(".?").lower() for w in text.split() if not w.strip(".?").isdigit()}
+
+    rows = llm_data.generate_rows("stack_exchange_paired", 60)
+    chosen = set().union(*(words(r["response_j"]) for r in rows))
+    rejected = set().union(*(words(r["response_k"]) for r in rows))
+    assert chosen and rejected and not chosen & rejected
+
+
+# ------------------------------------------------ where the cache lives
+@pytest.fixture
+def clean_cache_env(tmp_path, monkeypatch):
+    """HOME and the working directory in tmp_path, no cache variable set."""
+    for name in ("PERFSUITE_CACHE_DIR", "PERFSUITE_CACHE", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "checkout").mkdir()
+    monkeypatch.chdir(tmp_path / "checkout")
+    return tmp_path
+
+
+def cache_of(options=None):
+    from perfsuite.context import RankContext
+
+    return RankContext(0, 1, 0, "cpu", Path("out"), options=dict(options or {})).cache_dir
+
+
+def test_cache_defaults_outside_the_checkout(clean_cache_env, monkeypatch):
+    """The generated data and the 16 GB random 8B checkpoint outlive a CI
+    checkout, which cleans the workspace: the user's cache, not the cwd."""
+    tmp = clean_cache_env
+    assert cache_of() == tmp / "home" / ".cache" / "perfsuite"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp / "xdg"))
+    assert cache_of() == tmp / "xdg" / "perfsuite"
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")  # the XDG spec: ignored
+    assert cache_of() == tmp / "home" / ".cache" / "perfsuite"
+
+
+@pytest.mark.parametrize("variable", ["PERFSUITE_CACHE", "PERFSUITE_CACHE_DIR"])
+def test_cache_variable_and_option_win(clean_cache_env, monkeypatch, variable):
+    from perfsuite.context import default_cache_dir
+
+    tmp = clean_cache_env
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp / "xdg"))
+    monkeypatch.setenv(variable, str(tmp / "runner-cache"))
+    assert cache_of() == default_cache_dir() == tmp / "runner-cache"
+    assert cache_of({"cache_dir": str(tmp / "option")}) == tmp / "option"

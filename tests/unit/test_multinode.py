@@ -2,10 +2,12 @@
 
 import json
 import os
+import socket
 import stat
 import subprocess
 import sys
 import textwrap
+import types
 
 import pytest
 
@@ -51,6 +53,47 @@ def test_slurm_environment_and_srun_wrap(monkeypatch):
     assert plan.wrap(["torchrun"]) == ["srun", "--nodes=2", "--ntasks=2",
                                        "--ntasks-per-node=1", "--kill-on-bad-exit=1", "torchrun"]
     assert multinode.expand_nodelist("a[1-3,5],b") == ["a1", "a2", "a3", "a5", "b"]
+
+
+def _two_node_plan():
+    return multinode.plan(cells.get(CELL), Nodes(nnodes=2, rdzv_endpoint="head:29400", rdzv_id="job7"))
+
+
+def test_the_node_whose_launcher_ran_rank_0_owns_the_result_also_under_nsys():
+    plan = _two_node_plan()
+    me = {"host": socket.gethostname(), "pid": str(os.getpid())}
+    agent = 1111  # this node's torchrun agent
+    # Under `nsys profile` rank 0's parent is nsys (pid 4242), not the agent:
+    # ownership follows the launcher the record names.
+    under_nsys = {"rank": 0, "agent_pid": 4242, "host": me["host"], "launcher": me}
+    assert not plan.partner_of([under_nsys, None], agent)
+    assert plan.partner_of([{**under_nsys, "agent_pid": agent,
+                             "launcher": {"host": "node02", "pid": me["pid"]}}], agent)
+    assert plan.partner_of([{**under_nsys, "launcher": {**me, "pid": str(os.getpid() + 1)}}], agent)
+    # records without a launcher (older ranks) still go by the agent
+    assert not plan.partner_of([{"rank": 0, "agent_pid": agent}], agent)
+    assert plan.partner_of([{"rank": 0, "agent_pid": 4242}], agent)
+
+
+def test_a_rank_records_the_launcher_that_started_it(tmp_path, monkeypatch):
+    from perfsuite import worker
+
+    # the worker's own process set-up would act on the test process: left out
+    monkeypatch.setattr(worker, "die_with_parent", lambda ppid: True)
+    monkeypatch.setattr(worker, "watch_launcher", lambda: None)
+    monkeypatch.setattr(worker, "faulthandler", types.SimpleNamespace(register=lambda *a, **k: None))
+    workload = types.SimpleNamespace(run=lambda cell, ctx: {"metrics": {}, "steps": 0})
+    monkeypatch.setattr(worker, "importlib", types.SimpleNamespace(import_module=lambda name: workload))
+    for key, value in {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "PERFSUITE_RUN_TOKEN": "t",
+                       "PERFSUITE_LAUNCHER_HOST": socket.gethostname(),
+                       "PERFSUITE_LAUNCHER_PID": str(os.getpid())}.items():
+        monkeypatch.setenv(key, value)
+    (tmp_path / "cell.json").write_text(json.dumps(cells.get(CELL).params()))
+    assert worker.main(["--cell-file", str(tmp_path / "cell.json"), "--out", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "rank1.json").read_text())
+    assert record["launcher"] == {"host": socket.gethostname(), "pid": str(os.getpid())}
+    # this process launched it: it owns the result, whoever the rank's parent was
+    assert not _two_node_plan().partner_of([{**record, "agent_pid": -1}], agent_pid=os.getppid())
 
 
 def _run(*args, env=None):

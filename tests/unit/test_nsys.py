@@ -419,3 +419,181 @@ def test_fixture_files_exist_in_both_spellings():
     assert "[CUDA memcpy HtoD]" in (FIXTURES / "v2023" / "report1_cuda_gpu_mem_time_sum.csv").read_text()
     assert "[CUDA memcpy Host-to-Device]" in (FIXTURES / "v2024" / "rank0_cuda_gpu_mem_time_sum.csv").read_text()
     assert os.path.getsize(FIXTURES / "empty" / "rank0_nvtx_sum.csv") == 0
+
+
+# -- which nsys runs, and what a profiled launch does with it ---------------
+
+@pytest.fixture(autouse=True)
+def _no_remembered_nsys_failures(monkeypatch):
+    # choose_profiler remembers installs seen to leave .qdstrm only: per test
+    monkeypatch.setattr(nsys, "_IMPORT_FAILED", {}, raising=False)
+
+
+def _executable(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return path
+
+
+def test_one_resolver_for_nsys_and_a_bad_PERFSUITE_NSYS_BIN_is_named(tmp_path, monkeypatch):
+    decoy = _executable(tmp_path / "path" / "nsys", "#!/bin/sh\nexit 97\n")
+    chosen = _executable(tmp_path / "opt" / "nsys-2024", "#!/bin/sh\n")
+    monkeypatch.setenv("PATH", str(decoy.parent))
+    monkeypatch.delenv(nsys.NSYS_BIN_ENV, raising=False)
+    assert nsys.resolve_nsys() == str(decoy)  # PATH when the variable is unset
+    monkeypatch.setenv(nsys.NSYS_BIN_ENV, str(chosen))
+    assert nsys.resolve_nsys() == str(chosen) and nsys.find_nsys() == str(chosen)
+    argv = nsys_profile_argv(["python", "w.py"], "/r/rank0", nsys=nsys.resolve_nsys())
+    assert argv[0] == str(chosen)
+    # set to nothing executable: an error naming it, not the nsys on PATH
+    report = tmp_path / "rank0.nsys-rep"
+    report.write_bytes(b"")
+    for bad in (str(tmp_path / "missing" / "nsys"), str(tmp_path / "rank0.nsys-rep")):
+        monkeypatch.setenv(nsys.NSYS_BIN_ENV, bad)
+        named = rf"\$PERFSUITE_NSYS_BIN='{bad}' names no executable file"
+        with pytest.raises(nsys.NsysConfigError, match=named):
+            nsys.resolve_nsys()
+        with pytest.raises(nsys.NsysConfigError, match=named):
+            choose_profiler("auto", cuda_available=True)
+        with pytest.raises(nsys.NsysConfigError, match=named):
+            summarize_path(report)  # `nsys stats`
+    assert choose_profiler("auto", cuda_available=False)[0] == "torch"  # no nsys needed there
+
+
+def test_torchrun_argv_wraps_ranks_in_the_resolved_nsys(tmp_path, monkeypatch):
+    from cellkit import tiny_image_cell
+
+    from perfsuite.launch import LaunchOptions, torchrun_argv
+
+    chosen = _executable(tmp_path / "opt" / "nsys", "#!/bin/sh\n")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv(nsys.NSYS_BIN_ENV, str(chosen))
+    argv = torchrun_argv(tiny_image_cell(device="cuda", world_size=1), tmp_path, LaunchOptions(), "nsys")
+    wrapped = argv[argv.index("--no-python") + 1:]
+    assert wrapped[:2] == [str(chosen), "profile"]
+    assert wrapped[wrapped.index("--output") + 1] == str(tmp_path / "profile" / "rank%q{RANK}")
+
+
+def test_only_qdstrm_captures_are_named_as_such(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.delenv(nsys.NSYS_BIN_ENV, raising=False)
+    for rank in (0, 1):
+        (tmp_path / f"rank{rank}.qdstrm").write_bytes(b"QDSTRM")
+    for where in (tmp_path, tmp_path / "rank0.qdstrm"):
+        with pytest.raises(nsys.NsysImportError) as err:
+            summarize_path(where)
+        assert str(err.value).startswith(
+            ".qdstrm only: nsys could not import its capture — QdstrmImporter missing from this nsys "
+            "install; install the full Nsight Systems package")
+        assert str(tmp_path / "rank0.qdstrm") in str(err.value)
+    # one rank imported, the other not: no summary passing for the whole cell
+    (tmp_path / "rank0_cuda_api_sum.csv").write_text((FIXTURES / "v2024" / "rank0_cuda_api_sum.csv").read_text())
+    with pytest.raises(nsys.NsysImportError, match=str(tmp_path / "rank1.qdstrm")):
+        summarize_path(tmp_path)
+
+
+def test_an_install_without_its_qdstrm_importer_is_profiled_with_torch(tmp_path, monkeypatch):
+    install = tmp_path / "nsight-systems" / "2024.4.1"
+    real = _executable(install / "bin" / "nsys", "#!/bin/sh\n")
+    (install / "target-linux-x64").mkdir()
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "nsys").symlink_to(real)  # /usr/local/bin/nsys -> the install
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    monkeypatch.delenv(nsys.NSYS_BIN_ENV, raising=False)
+    mode, why = choose_profiler("auto", cuda_available=True)
+    assert mode == "torch" and why.startswith(".qdstrm only: nsys could not import its capture — "
+                                              "QdstrmImporter missing from this nsys install")
+    assert str(install) in why and why.endswith("using torch.profiler instead")
+    _executable(install / "host-linux-x64" / "QdstrmImporter", "#!/bin/sh\n")
+    assert choose_profiler("auto", cuda_available=True) == ("nsys", "")
+
+
+# Stands in for nsys around one rank: `profile` checks its output folder is
+# there (nsys does not create it), writes the rank's record in the worker's
+# stead (no torch, no GPU: milliseconds) and the capture nsys would leave:
+# a .nsys-rep, or only the .qdstrm where its QdstrmImporter is missing.
+# `stats` copies fixture CSVs. Every call's argv goes to the log.
+FAKE_NSYS_RANK = """#!{python}
+import json, os, shutil, socket, sys, time
+args = sys.argv[1:]
+with open({log!r}, "a") as log:
+    log.write(json.dumps(sys.argv) + "\\n")
+if args[0] == "stats":
+    prefix = args[args.index("--output") + 1]
+    for report in args[args.index("--report") + 1].split(","):
+        shutil.copy({fixtures!r} + "/rank0_" + report + ".csv", prefix + "_" + report + ".csv")
+    sys.exit(0)
+assert args[0] == "profile", args
+rank = os.environ["RANK"]
+output = args[args.index("--output") + 1].replace("%q{{RANK}}", rank)
+if not os.path.isdir(os.path.dirname(output)):
+    sys.exit("Failed to create '" + output + ".qdstrm': No such file or directory")
+begin = args.index("--output") + 2
+while args[begin].startswith("--"):
+    begin += 1
+command = args[begin:]
+out = command[command.index("--out") + 1]
+samples = [0.101, 0.102, 0.103]
+record = {{"rank": int(rank), "status": "ok", "steps": 3, "started": time.time(),
+          "run_token": os.environ["PERFSUITE_RUN_TOKEN"], "agent_pid": os.getppid(),
+          "launcher": {{"host": os.environ["PERFSUITE_LAUNCHER_HOST"],
+                       "pid": os.environ["PERFSUITE_LAUNCHER_PID"]}},
+          "metrics": {{"step_time": {{"value": 0.102, "unit": "s", "samples": samples}},
+                      "throughput": {{"value": 156.9, "unit": "images/s"}}}}}}
+record["finished"] = time.time()
+with open(os.path.join(out, "rank" + rank + ".json"), "w") as fh:
+    json.dump(record, fh)
+if os.environ["FAKE_NSYS_LEAVES"] == "qdstrm":
+    open(output + ".qdstrm", "wb").write(b"QDSTRM")
+    print("Importer error status: Importation failed.", file=sys.stderr)
+else:
+    open(output + ".nsys-rep", "wb").write(b"NSYS")
+"""
+
+
+def _profiled_launch(tmp_path, monkeypatch, leaves: str):
+    """One 1-GPU profile cell through torchrun, its rank under the fake nsys
+    named by $PERFSUITE_NSYS_BIN, with a decoy `nsys` first on PATH."""
+    from cellkit import tiny_image_cell
+
+    from perfsuite import launch
+
+    log = tmp_path / "nsys-calls.jsonl"
+    fake = _executable(tmp_path / "opt" / "bin" / "nsys", FAKE_NSYS_RANK.format(
+        python=sys.executable, log=str(log), fixtures=str(FIXTURES / "v2024")))
+    decoy = _executable(tmp_path / "decoy" / "nsys", "#!/bin/sh\necho decoy nsys >&2\nexit 97\n")
+    monkeypatch.setenv("PATH", f"{decoy.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv(nsys.NSYS_BIN_ENV, str(fake))
+    monkeypatch.setattr(launch, "gpus_present", lambda: 1)
+    cell = tiny_image_cell(device="cuda", world_size=1, profile=True)
+    result = launch.run_cell(cell, tmp_path / "out", launch.LaunchOptions(env={"FAKE_NSYS_LEAVES": leaves}))
+    calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    return result, calls, fake, launch.cell_dir(tmp_path / "out", cell) / "profile"
+
+
+def test_a_profiled_launch_runs_PERFSUITE_NSYS_BIN_into_a_profile_folder_it_made(tmp_path, monkeypatch):
+    result, calls, fake, profile_dir = _profiled_launch(tmp_path, monkeypatch, "nsys-rep")
+    assert result["status"] == "ok", (result.get("reason"), result.get("output_tail"))
+    assert [(call[0], call[1]) for call in calls] == [(str(fake), "profile"), (str(fake), "stats")]
+    assert (profile_dir / "rank0.nsys-rep").is_file()
+    assert result["profiler"] == {"mode": "nsys", "note": ""}
+    assert result["profile"]["source"] == "nsys" and result["profile"]["rows"]
+    assert (profile_dir / "summary.json").is_file()
+
+
+def test_a_launch_that_leaves_only_qdstrm_keeps_its_timings_and_says_why(tmp_path, monkeypatch):
+    result, calls, fake, profile_dir = _profiled_launch(tmp_path, monkeypatch, "qdstrm")
+    assert result["status"] == "ok", (result.get("reason"), result.get("output_tail"))
+    assert result["metrics"]["step_time"]["samples"] == [0.101, 0.102, 0.103]  # the timings stand
+    assert [call[1] for call in calls] == ["profile"]  # nothing for `nsys stats` to read
+    assert "profile" not in result
+    profiler = result["profiler"]
+    assert profiler["mode"] == "nsys"
+    assert profiler["error"].startswith(
+        f".qdstrm only: nsys could not import its capture — QdstrmImporter missing from this nsys "
+        f"install ({fake}); install the full Nsight Systems package")
+    assert "no torch.profiler summary" in profiler["note"] and "--perf-profile torch" in profiler["note"]
+    # the rest of the session: torch.profiler instead of this nsys, saying why
+    mode, why = choose_profiler("auto", cuda_available=True)
+    assert mode == "torch" and why.startswith(".qdstrm only") and str(fake) in why

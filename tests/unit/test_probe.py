@@ -46,9 +46,13 @@ def gpu_result(bf16=720.0, fp32=50.0, pinned=52.0, pageable=18.0, busbw=360.0,
                      "device_names": [name] * world, "nvlink": facts}}
 
 
-def gpu_env(name=H100, interconnect="nvlink"):
+def gpu_env(name=H100, interconnect="nvlink", pcie_gen=5, pcie_width=16, p2p=None):
+    """A fingerprint (perfsuite.hardware) with the PCIe link NVML reports."""
     return {"gpu_name": name, "gpu_count": 8, "interconnect": interconnect,
-            "cpu_model": "Intel(R) Xeon(R) Platinum 8480+"}
+            "cpu_model": "Intel(R) Xeon(R) Platinum 8480+", "pcie_gen": pcie_gen,
+            "pcie_width": pcie_width, "gpu_p2p": p2p}
+
+GEN5_X16, GEN4_X16 = 3.938 * 16, 1.969 * 16  # GB/s one direction
 
 
 def test_healthy_h100_node_is_trusted():
@@ -61,7 +65,8 @@ def test_healthy_h100_node_is_trusted():
     assert figures["matmul_tflops_bf16"]["expected"] == pytest.approx(989.5)
     assert figures["matmul_tflops_bf16"]["fraction"] == pytest.approx(720 / 989.5)
     assert figures["matmul_tflops_fp32"]["expected"] == pytest.approx(67)
-    assert figures["h2d_gbps_pinned"]["expected"] == pytest.approx(64)
+    assert figures["h2d_gbps_pinned"]["expected"] == pytest.approx(GEN5_X16)
+    assert "PCIe Gen5 x16" in figures["h2d_gbps_pinned"]["against"]
     assert figures["allreduce_busbw_gbps"]["expected"] == pytest.approx(450)
     assert figures["allreduce_busbw_gbps"]["min_fraction"] == 0.5
     # Pageable copies are kept, and said to be uncompared, never passed.
@@ -144,17 +149,65 @@ def test_allreduce_reference_follows_the_measured_topology():
                  gpu_env("NVIDIA H100 NVL"))
     assert nvl["figures"]["allreduce_busbw_gbps"]["expected"] == pytest.approx(300)
     assert not nvl["trusted"]
-    # No NVLink: PCIe Gen4 (32 GB/s one way) at the looser PCIe threshold.
+    # No NVLink: the PCIe Gen4 link (31.5 GB/s one way) at the looser PCIe
+    # threshold, GPU to GPU where peer access is on, half of it through host
+    # memory where it is off or not known.
     none = [dict(f, active_links=0, remote=[]) for f in switch_facts(2)]
     l40s = assess(gpu_result(bf16=300.0, fp32=70.0, pinned=24.0, busbw=10.0,
-                             name="NVIDIA L40S", nvlink=none), gpu_env("NVIDIA L40S", "pcie"))
+                             name="NVIDIA L40S", nvlink=none),
+                  gpu_env("NVIDIA L40S", "pcie", pcie_gen=4, p2p=True))
     assert l40s["trusted"], l40s["flags"]
-    assert l40s["figures"]["allreduce_busbw_gbps"]["expected"] == pytest.approx(32)
+    assert l40s["figures"]["allreduce_busbw_gbps"]["expected"] == pytest.approx(GEN4_X16)
     assert l40s["figures"]["allreduce_busbw_gbps"]["min_fraction"] == 0.2
+    staged = assess(gpu_result(bf16=300.0, fp32=70.0, pinned=24.0, busbw=10.0,
+                               name="NVIDIA L40S", nvlink=none),
+                    gpu_env("NVIDIA L40S", "pcie", pcie_gen=4))
+    assert staged["figures"]["allreduce_busbw_gbps"]["expected"] == pytest.approx(GEN4_X16 / 2)
+    assert "peer-to-peer not known" in staged["figures"]["allreduce_busbw_gbps"]["against"]
     # Without NVML facts, NVLink is not assumed.
     unknown = assess(gpu_result(busbw=1.0, nvlink="unknown"), gpu_env())
     assert unknown["trusted"]
     assert unknown["figures"]["allreduce_busbw_gbps"]["verdict"] == "not compared"
+
+
+def test_an_h100_pcie_in_a_gen4_server_is_judged_by_its_gen4_link():
+    # The datasheet's Gen5 x16 (64 GB/s) would flag ~25 GB/s copies as a broken link.
+    pcie = [dict(f, active_links=0, remote=[]) for f in switch_facts(2)]
+    result = gpu_result(bf16=600.0, fp32=40.0, pinned=25.0, busbw=12.0,
+                        name="NVIDIA H100 PCIe", nvlink=pcie)
+    verdict = assess(result, gpu_env("NVIDIA H100 PCIe", "pcie", pcie_gen=4, p2p=True))
+    assert verdict["trusted"], verdict["flags"]
+    h2d = verdict["figures"]["h2d_gbps_pinned"]
+    assert h2d["expected"] == pytest.approx(GEN4_X16) and h2d["verdict"] == "ok"
+    assert h2d["against"] == "PCIe Gen4 x16 31.5 GB/s one direction (NVML)"
+    # a link trained at x4 in that slot is still caught
+    narrow = assess(gpu_result(pinned=6.0, busbw=12.0, name="NVIDIA H100 PCIe", nvlink=pcie),
+                    gpu_env("NVIDIA H100 PCIe", "pcie", pcie_gen=4, p2p=True))
+    assert [f.split(":")[0] for f in narrow["flags"]] == ["h2d_gbps_pinned"]
+
+
+def test_a_pcie_node_without_peer_to_peer_is_not_flagged_for_its_staged_all_reduce():
+    pcie = [dict(f, active_links=0, remote=[]) for f in switch_facts(4)]
+    result = gpu_result(pinned=50.0, busbw=10.0, name="NVIDIA H100 PCIe", world=4, nvlink=pcie)
+    verdict = assess(result, gpu_env("NVIDIA H100 PCIe", "pcie", p2p=False))
+    assert verdict["trusted"], verdict["flags"]
+    allreduce = verdict["figures"]["allreduce_busbw_gbps"]
+    assert allreduce["expected"] == pytest.approx(GEN5_X16 / 2)
+    assert "peer-to-peer off (staged through host memory)" in allreduce["against"]
+    # Through NVLink an SXM node is held to its NVLink figure, whatever its PCIe link.
+    sxm = assess(gpu_result(busbw=10.0, world=4), gpu_env(pcie_gen=4, p2p=True))
+    assert sxm["figures"]["allreduce_busbw_gbps"]["expected"] == pytest.approx(450)
+    assert not sxm["trusted"]
+
+
+def test_without_the_pcie_link_from_nvml_host_bandwidth_is_not_compared():
+    verdict = assess(gpu_result(pinned=1.0, busbw=1.0, nvlink="unknown"),
+                     gpu_env(interconnect="pcie", pcie_gen=None, pcie_width=None))
+    assert verdict["trusted"], verdict["flags"]
+    for name in ("h2d_gbps_pinned", "allreduce_busbw_gbps"):
+        assert verdict["figures"][name]["verdict"] == "not compared"
+        assert any(n.startswith(f"{name}: not compared") and "PCIe link not reported by NVML"
+                   in n for n in verdict["notes"])
 
 
 def test_nvlink_topology():

@@ -1,0 +1,8 @@
+"""``python -m perfsuite``: the ``perfsuite`` command."""
+
+import sys
+
+from perfsuite.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,484 @@
+"""``perfsuite doctor``: what will and will not work here, before a GPU run.
+
+One line per check: ``ok``, ``warn`` or ``BLOCKER`` with the fix. A blocker
+is something that stops the chosen tier from running at all (no GPU for a
+GPU tier, a driver too old for this torch's CUDA, no space for the LLM
+checkpoint, no MNIST for the full tier); a warning costs some cells, a
+profile or speed. Without ``--tier`` nothing is a blocker for lack of a
+GPU: the lines then say which tiers can run.
+
+Everything torch, NVML and nsys answer comes through ``_torch_facts``,
+``_nvml_facts``, ``_nsys_capture`` and ``_statvfs``, so the tests can play a
+GPU machine on a CPU one.
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+GPU_TIERS = ("gate", "full")
+SHM_MIN_BYTES = 1 << 30  # Docker's default /dev/shm is 64 MB
+LLM_8B_CHECKPOINT_BYTES = 16_100_000_000  # 8.03 G bf16 parameters, written once into the cache
+LLM_CHECKPOINT_DIR = Path("llm") / "checkpoints" / "llama3-8b-random-v1"  # perfsuite.workloads.llm_assets
+WHEEL_INDEXES = {(12, 6): "cu126", (12, 8): "cu128", (13, 0): "cu130"}  # download.pytorch.org/whl/<tag>
+NSYS_TIMEOUT_S = 120.0
+OK, WARN, BLOCKER = "ok", "warn", "BLOCKER"
+STATUSES = (OK, WARN, BLOCKER)
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # ok | warn | BLOCKER
+    message: str
+    fix: str = ""
+
+    def line(self) -> str:
+        fix = f". Fix: {self.fix}" if self.fix else ""
+        return f"{self.status:<8} {self.name:<7} {self.message}{fix}"
+
+
+# -- what the machine answers (the tests replace these) ----------------------
+
+def _torch_facts() -> dict[str, Any]:
+    """torch's build and what it sees: version, CUDA build (None: CPU-only),
+    GPU count and names, why it sees none, NCCL version."""
+    try:
+        import torch
+    except Exception as err:  # noqa: BLE001 - a broken install is an answer too
+        return {"import_error": f"{type(err).__name__}: {err}"}
+    facts: dict[str, Any] = {"version": torch.__version__, "cuda": torch.version.cuda,
+                             "hip": getattr(torch.version, "hip", None), "count": 0,
+                             "names": [], "error": None, "nccl": None}
+    if facts["cuda"] is None:
+        return facts
+    try:
+        facts["count"] = torch.cuda.device_count()
+        if facts["count"]:
+            facts["names"] = [torch.cuda.get_device_name(i) for i in range(facts["count"])]
+        else:
+            torch.cuda.init()  # raises with torch's own reason ("Found no NVIDIA driver ...")
+    except Exception as err:  # noqa: BLE001
+        facts["error"] = str(err).strip() or type(err).__name__
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_nccl_available():
+            facts["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    except Exception:  # noqa: BLE001 - no NCCL in this build
+        pass
+    return facts
+
+
+def _nvml_facts() -> dict[str, Any]:
+    """The driver's view through NVML (pynvml, from nvidia-ml-py): GPU count
+    and names, driver version, the newest CUDA it runs; or why NVML failed."""
+    try:
+        import pynvml
+    except ImportError as err:
+        return {"error": f"pynvml is not installed ({err}); install nvidia-ml-py"}
+    try:
+        pynvml.nvmlInit()
+    except Exception as err:  # noqa: BLE001
+        return {"error": _nvml_error(err)}
+    try:
+        text = lambda v: v.decode() if isinstance(v, bytes) else str(v)  # noqa: E731
+        count = pynvml.nvmlDeviceGetCount()
+        facts: dict[str, Any] = {
+            "error": None, "count": count, "driver": text(pynvml.nvmlSystemGetDriverVersion()),
+            "names": [text(pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)))
+                      for i in range(count)]}
+        try:
+            cuda = pynvml.nvmlSystemGetCudaDriverVersion_v2()
+        except Exception:  # noqa: BLE001 - older drivers: v1
+            cuda = pynvml.nvmlSystemGetCudaDriverVersion()
+        facts["cuda"] = f"{cuda // 1000}.{cuda % 1000 // 10}"
+        return facts
+    except Exception as err:  # noqa: BLE001
+        return {"error": _nvml_error(err)}
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _nvml_error(err: BaseException) -> str:
+    name, text = type(err).__name__, str(err)
+    if "LibraryNotFound" in name or "Library Not Found" in text:
+        return (f"NVML fails to load ({text}): no NVIDIA driver here (its libnvidia-ml.so.1 is "
+                "not installed, or not visible in this container)")
+    if "DriverNotLoaded" in name or "Driver Not Loaded" in text:
+        return f"NVML fails to load ({text}): the NVIDIA kernel driver is not loaded"
+    if "NoPermission" in name:
+        return f"NVML fails to load ({text}): no permission to the GPU device files (/dev/nvidia*)"
+    return f"NVML fails to load ({name}: {text})"
+
+
+def _statvfs(path: str) -> tuple[int, int]:
+    """(size, free to unprivileged users) of the filesystem holding ``path``, in bytes."""
+    st = os.statvfs(path)
+    return st.f_frsize * st.f_blocks, st.f_frsize * st.f_bavail
+
+
+def _nsys_binary() -> tuple[str | None, str]:
+    """The nsys that perfsuite would run ($PERFSUITE_NSYS_BIN, else PATH), or None and why."""
+    from perfsuite.profiling.nsys import NSYS_BIN_ENV
+
+    configured = os.environ.get(NSYS_BIN_ENV)
+    if configured:
+        found = shutil.which(configured) if os.path.sep not in configured else (
+            configured if os.path.isfile(configured) and os.access(configured, os.X_OK) else None)
+        return (os.path.abspath(found), "") if found else (
+            None, f"${NSYS_BIN_ENV}={configured!r} names no executable file")
+    found = shutil.which("nsys")
+    return (os.path.abspath(found), "") if found else (None, "no nsys on PATH")
+
+
+def _nsys_capture(binary: str, timeout: float = NSYS_TIMEOUT_S) -> tuple[bool, str]:
+    """A 1-second capture of a Python that sleeps: (report written, what happened)."""
+    with tempfile.TemporaryDirectory(prefix="perfsuite-doctor-nsys-") as tmp:
+        out = Path(tmp) / "doctor"
+        argv = [binary, "profile", "-o", str(out), "--force-overwrite", "true",
+                sys.executable, "-c", "import time; time.sleep(1)"]
+        try:
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    cwd=tmp, start_new_session=True)
+        except OSError as err:
+            return False, f"cannot start {binary}: {err}"
+        try:
+            output, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # nsys and the python it started: their own session
+            proc.communicate()
+            return False, f"`nsys profile` of a 1-second Python did not end in {timeout:.0f} s"
+        tail = " | ".join(output.decode(errors="replace").strip().splitlines()[-3:])
+        reports = sorted(p.name for p in Path(tmp).iterdir()
+                         if p.name.endswith((".nsys-rep", ".qdrep", ".sqlite")))
+        if reports:
+            return True, f"wrote {reports[0]} from a 1-second capture"
+        if any(p.name.endswith(".qdstrm") for p in Path(tmp).iterdir()):
+            return False, ("left only a .qdstrm capture: this nsys install lacks its QdstrmImporter, "
+                           "so it cannot write reports")
+        return False, (f"exit {proc.returncode} and no report from a 1-second capture"
+                       + (f" ({tail})" if tail else ""))
+
+
+# -- the checks ---------------------------------------------------------------
+
+def _tier_cells(tier: str | None) -> list:
+    from perfsuite import cells
+
+    return cells.select(tier=tier) if tier else cells.select(tier="all")
+
+
+def _index_for(cuda: tuple[int, int] | None) -> str | None:
+    """The newest PyTorch wheel index a driver running up to ``cuda`` can use."""
+    fits = [tag for version, tag in sorted(WHEEL_INDEXES.items()) if cuda and version <= cuda]
+    return fits[-1] if fits else None
+
+
+def _version(text: str | None) -> tuple[int, int] | None:
+    try:
+        major, minor = str(text).split(".")[:2]
+        return int(major), int(minor)
+    except (TypeError, ValueError):
+        return None
+
+
+def check_torch(torch: dict[str, Any], gpu_tier: bool) -> Check:
+    if "import_error" in torch:
+        return Check("torch", BLOCKER, f"torch cannot be imported ({torch['import_error']})",
+                     "reinstall it: pip install -c constraints.txt torch torchvision")
+    if torch.get("hip"):
+        return Check("torch", BLOCKER if gpu_tier else WARN,
+                     f"torch {torch['version']} is a ROCm build (HIP {torch['hip']}): the GPU tiers "
+                     "need CUDA and NCCL", "install a CUDA build of torch (README, On GPUs)")
+    if torch.get("cuda") is None:
+        return Check("torch", BLOCKER if gpu_tier else OK,
+                     f"torch {torch['version']} is a CPU-only build (torch.version.cuda is None)"
+                     + ("" if gpu_tier else ": enough for the CPU tier, not for gate or full"),
+                     "install a CUDA build from the wheel index that matches the driver, e.g. pip "
+                     "install -c constraints.txt --index-url https://download.pytorch.org/whl/cu128 "
+                     "torch torchvision" if gpu_tier else "")
+    return Check("torch", OK, f"torch {torch['version']}, built for CUDA {torch['cuda']}")
+
+
+def _no_gpu_reason(torch: dict[str, Any], nvml: dict[str, Any]) -> str:
+    if "import_error" in torch:
+        return "torch cannot be imported"
+    if torch.get("cuda") is None:
+        return f"this torch ({torch.get('version')}) is a CPU-only build"
+    why = []
+    if torch.get("error"):
+        why.append(f"torch says: {torch['error']}")
+    if nvml.get("error"):
+        why.append(nvml["error"])
+    elif nvml.get("count") == 0:
+        why.append("NVML sees no GPU either: the driver finds none")
+    elif nvml.get("count"):
+        why.append(f"yet NVML sees {nvml['count']} ({', '.join(nvml.get('names', []))})")
+        hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if hidden is not None:
+            why.append(f"CUDA_VISIBLE_DEVICES={hidden!r} may hide them")
+        ours, theirs = _version(torch.get("cuda")), _version(nvml.get("cuda"))
+        if ours and theirs and ours[0] > theirs[0]:
+            why.append(f"the driver runs CUDA up to {nvml['cuda']}, this torch needs {torch['cuda']}")
+    return "; ".join(why) or "torch.cuda.device_count() is 0"
+
+
+def check_gpus(torch: dict[str, Any], nvml: dict[str, Any], tier: str | None,
+               cells: list) -> Check:
+    gpu_tier = tier in GPU_TIERS
+    seen = torch.get("count") or 0
+    by_nvml = ("NVML: " + nvml["error"]) if nvml.get("error") else (
+        f"NVML sees {nvml.get('count')}")
+    if seen == 0:
+        reason = _no_gpu_reason(torch, nvml)
+        if tier == "smoke":
+            return Check("gpus", OK, f"the CPU tier needs no GPU (torch sees none: {reason})")
+        fix = ("run on a machine with NVIDIA GPUs and their driver (in a container: --gpus all "
+               "with the NVIDIA Container Toolkit), or run the CPU tier: --tier smoke")
+        if torch.get("cuda") is None and "import_error" not in torch:
+            fix = "install a CUDA build of torch (see the torch line)"
+        elif nvml.get("count") and "CUDA_VISIBLE_DEVICES" in reason:
+            fix = "unset CUDA_VISIBLE_DEVICES or list the GPUs to use (perfsuite run --gpus 0,1)"
+        if gpu_tier:
+            return Check("gpus", BLOCKER, f"torch sees no GPU: {reason}", fix)
+        return Check("gpus", WARN, f"torch sees no GPU ({reason}): the GPU tiers (gate, full) "
+                                   "cannot run here; the CPU tier (smoke) can", fix)
+    names = ", ".join(sorted(set(torch.get("names") or [])))
+    message = f"torch sees {seen} GPU(s) ({names}); {by_nvml}"
+    status, fix = OK, ""
+    if not nvml.get("error") and nvml.get("count") is not None and nvml["count"] != seen:
+        status = WARN
+        hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+        message += (f": CUDA_VISIBLE_DEVICES={hidden!r} hides some" if hidden is not None
+                    else ": the two disagree")
+        fix = "perfsuite run --gpus picks GPUs; check CUDA_VISIBLE_DEVICES and nvidia-smi"
+    needed = [c for c in cells if c.gpus_needed > seen]
+    if needed:
+        status = WARN
+        most = max(c.gpus_needed for c in needed)
+        message += (f"; {len(needed)} cell(s){f' of the {tier} tier' if tier else ''} need more "
+                    f"(up to {most}) and will be skipped")
+        fix = fix or f"run on a machine with {most} GPUs to measure them"
+    return Check("gpus", status, message, fix)
+
+
+def check_driver(torch: dict[str, Any], nvml: dict[str, Any], gpu_tier: bool) -> Check:
+    build = torch.get("cuda")
+    if nvml.get("error"):
+        return Check("driver", WARN if gpu_tier else OK,
+                     f"driver unknown: {nvml['error']}"
+                     + ("" if gpu_tier else " (the CPU tier needs none)"))
+    driver, runs = nvml.get("driver"), nvml.get("cuda")
+    if build is None:
+        return Check("driver", OK, f"NVIDIA driver {driver} (runs CUDA up to {runs}); this torch "
+                                   "is a CPU-only build (see the torch line)")
+    ours, theirs = _version(build), _version(runs)
+    index = _index_for(theirs)
+    switch = (f"install torch from https://download.pytorch.org/whl/{index} (README, On GPUs)"
+              if index else "torch's current wheels need CUDA 12.6 or newer")
+    if ours and theirs and ours[0] > theirs[0]:
+        return Check("driver", BLOCKER if gpu_tier else WARN,
+                     f"NVIDIA driver {driver} runs CUDA up to {runs}; this torch is built for CUDA "
+                     f"{build} and cannot use the GPUs",
+                     f"upgrade the driver (CUDA {ours[0]} needs R{580 if ours[0] >= 13 else 525}+) "
+                     f"or {switch}")
+    if ours and theirs and ours > theirs:
+        return Check("driver", WARN,
+                     f"NVIDIA driver {driver} runs CUDA up to {runs}, older than this torch's CUDA "
+                     f"{build}: it runs through CUDA minor-version compatibility, but kernels "
+                     "compiled from PTX at run time fail", f"upgrade the driver or {switch}")
+    return Check("driver", OK, f"NVIDIA driver {driver} runs CUDA up to {runs}; torch's CUDA "
+                               f"{build} fits")
+
+
+def check_nccl(torch: dict[str, Any], gpu_tier: bool) -> Check:
+    if torch.get("nccl"):
+        note = "" if torch.get("count") else " (used once GPUs are seen)"
+        return Check("nccl", OK, f"NCCL {torch['nccl']} in torch{note}")
+    if not gpu_tier:
+        return Check("nccl", OK, "no NCCL in this torch; the CPU tier uses gloo")
+    return Check("nccl", BLOCKER, "no NCCL in this torch: multi-GPU cells cannot run",
+                 "install a CUDA build of torch for Linux (it bundles NCCL)")
+
+
+def check_nsys(tier: str | None) -> Check:
+    binary, why = _nsys_binary()
+    note = "profile cells fall back to torch.profiler"
+    if binary is None:
+        status = OK if tier == "smoke" else WARN
+        return Check("nsys", status, f"no nsys ({why}): {note}; the capture test is skipped",
+                     "" if status == OK else "install Nsight Systems, or set $PERFSUITE_NSYS_BIN "
+                                             "to its bin/nsys")
+    written, what = _nsys_capture(binary)
+    if written:
+        return Check("nsys", OK, f"{binary} {what}")
+    return Check("nsys", OK if tier == "smoke" else WARN, f"{binary} {what}: {note}",
+                 "install the full Nsight Systems package (with host-linux-*/QdstrmImporter), or "
+                 "point $PERFSUITE_NSYS_BIN at one that works")
+
+
+def check_shm(tier: str | None) -> Check:
+    path = "/dev/shm"
+    try:
+        size, free = _statvfs(path)
+    except OSError as err:
+        return Check("shm", WARN, f"{path}: cannot read its size ({err.strerror or err}); "
+                                  "DataLoader workers share batches through it")
+    gib = f"{size / 2**30:.2f} GiB ({free / 2**30:.2f} free)"
+    if size >= SHM_MIN_BYTES:
+        return Check("shm", OK, f"{path} {gib}")
+    status = OK if tier == "smoke" else WARN
+    return Check("shm", status,
+                 f"{path} is {gib}, under 1 GiB: DataLoader workers (4 per rank in the GPU tiers) "
+                 "die with 'Bus error' (Docker's default is 64 MB)",
+                 "" if status == OK else "docker run --shm-size=8g (or --ipc=host), or remount "
+                                         "/dev/shm larger")
+
+
+def _cache_dir() -> Path:
+    from perfsuite import context
+
+    default = getattr(context, "default_cache_dir", None)
+    if default is not None:
+        return default()
+    chosen = os.environ.get("PERFSUITE_CACHE_DIR")
+    return Path(chosen).expanduser() if chosen else Path.cwd() / ".perfsuite" / "cache"
+
+
+def check_disk(tier: str | None, cells: list) -> Check:
+    cache = _cache_dir()
+    llm_gpu = sum(c.workload == "llm" and c.device == "cuda" for c in cells)
+    existing = cache
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        _, free = _statvfs(str(existing))
+    except OSError as err:
+        return Check("disk", WARN, f"{cache}: cannot read free space ({err.strerror or err})")
+    where = f"LLM cache {cache}: {free / 1e9:.1f} GB free"
+    if (cache / LLM_CHECKPOINT_DIR).is_dir() and any((cache / LLM_CHECKPOINT_DIR).glob("*.pt")):
+        return Check("disk", OK, f"{where}; the random Llama3-8B checkpoint is already there")
+    if not llm_gpu and tier is not None:
+        return Check("disk", OK, f"{where}; the {tier} tier needs no 8B checkpoint")
+    if free >= LLM_8B_CHECKPOINT_BYTES + 1e9:
+        return Check("disk", OK, f"{where}, room for the ~16 GB random Llama3-8B checkpoint "
+                                 "the GPU LLM cells write once")
+    status = BLOCKER if tier in GPU_TIERS else WARN
+    return Check("disk", status,
+                 f"{where}: the GPU LLM cells ({llm_gpu}{f' in the {tier} tier' if tier else ''}) "
+                 "first write a ~16 GB random Llama3-8B checkpoint there, which will not fit",
+                 "free space, point $PERFSUITE_CACHE_DIR at a disk with 17 GB free, or give a real "
+                 "checkpoint: --option llm_checkpoint_dir=DIR")
+
+
+def _idx_problem(path: Path, ndim: int) -> tuple[str | None, int]:
+    """Why an IDX file cannot be used, read from its header and size (not its
+    data), and the count it holds."""
+    try:
+        with open(path, "rb") as raw:
+            gzipped = raw.read(2) == b"\x1f\x8b"
+        opener = gzip.open if gzipped else open
+        with opener(path, "rb") as f:
+            header = f.read(4 + 4 * ndim)
+    except (OSError, EOFError) as err:
+        return f"cannot read it ({getattr(err, 'strerror', None) or err})", 0
+    if len(header) < 4 or header[:2] != b"\x00\x00" or header[2] != 0x08:
+        return "not an unsigned-byte IDX file (bad magic number)", 0
+    if header[3] != ndim or len(header) < 4 + 4 * ndim:
+        return f"{header[3]} dimensions, {'images' if ndim == 3 else 'labels'} need {ndim}", 0
+    shape = [int.from_bytes(header[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
+    expected = 4 + 4 * ndim + math.prod(shape)
+    if gzipped:  # the gzip trailer holds the size mod 2**32: no need to inflate it all
+        with open(path, "rb") as raw:
+            raw.seek(-4, os.SEEK_END)
+            size = int.from_bytes(raw.read(4), "little")
+        ok = size == expected % 2**32
+    else:
+        size = path.stat().st_size
+        ok = size == expected
+    if not ok:
+        return (f"{size} bytes{' unpacked' if gzipped else ''}, its header "
+                f"({'x'.join(map(str, shape))}) says {expected}: truncated or damaged"), 0
+    return None, shape[0]
+
+
+def check_mnist(data_dir: Path | None, tier: str | None, cells: list) -> Check:
+    mnist = sum(c.dataset == "mnist" for c in cells)
+    needed = mnist > 0
+    if data_dir is None:
+        if not needed:
+            return Check("mnist", OK, f"the {tier} tier trains on the bundled digits; no MNIST needed")
+        status = BLOCKER if tier == "full" else WARN
+        return Check("mnist", status, f"{mnist} cell(s){f' of the {tier} tier' if tier else ''} "
+                                      "train on MNIST and no --data-dir was given",
+                     "pass --data-dir DIR holding train-images-idx3-ubyte, train-labels-idx1-ubyte, "
+                     "t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte (gzipped or not)")
+    fail = BLOCKER if tier == "full" else WARN
+    try:
+        from perfsuite.workloads.image_data import MNIST_FILES, _find
+    except Exception as err:  # noqa: BLE001
+        return Check("mnist", fail, f"cannot import the image workload ({type(err).__name__}: {err})",
+                     "reinstall torchvision: pip install -c constraints.txt torchvision")
+    if not data_dir.is_dir():
+        return Check("mnist", fail, f"--data-dir {data_dir}: no such directory",
+                     "pass the directory that holds the four MNIST IDX files")
+    counts, problems, found = {}, [], []
+    for key, stem in MNIST_FILES.items():
+        try:
+            path = _find(data_dir, stem)
+        except FileNotFoundError:
+            problems.append(f"{stem}[.gz] missing")
+            continue
+        problem, counts[key] = _idx_problem(path, 3 if key.endswith("images") else 1)
+        if problem:
+            problems.append(f"{path.name}: {problem}")
+        else:
+            found.append(path.name)
+    for split in ("train", "test"):
+        images, labels = counts.get(f"{split}_images"), counts.get(f"{split}_labels")
+        if images and labels and images != labels:
+            problems.append(f"{split}: {images} images but {labels} labels (two downloads mixed)")
+    if problems:
+        return Check("mnist", fail, f"{data_dir}: " + "; ".join(problems),
+                     "put an intact copy of the four MNIST IDX files there (from one download)")
+    return Check("mnist", OK, f"{data_dir}: the four IDX files are there and readable "
+                              f"({counts['train_images']} train, {counts['test_images']} test images)")
+
+
+def run_checks(tier: str | None = None, data_dir: Path | None = None) -> list[Check]:
+    cells = _tier_cells(tier)
+    torch, nvml = _torch_facts(), _nvml_facts()
+    gpu_tier = tier in GPU_TIERS
+    return [check_torch(torch, gpu_tier), check_gpus(torch, nvml, tier, cells),
+            check_driver(torch, nvml, gpu_tier), check_nccl(torch, gpu_tier), check_nsys(tier),
+            check_shm(tier), check_disk(tier, cells), check_mnist(data_dir, tier, cells)]
+
+
+def summary(checks: list[Check], tier: str | None) -> dict[str, Any]:
+    blockers = sum(c.status == BLOCKER for c in checks)
+    return {"tier": tier, "ok": blockers == 0, "blockers": blockers,
+            "warnings": sum(c.status == WARN for c in checks),
+            "checks": [asdict(c) for c in checks]}
+
+
+def text(checks: list[Check], tier: str | None) -> str:
+    s = summary(checks, tier)
+    what = f"the {tier} tier" if tier else "any tier (pass --tier to judge one)"
+    verdict = (f"{s['blockers']} blocker(s): {what} cannot run here" if s["blockers"]
+               else f"nothing blocks {what}")
+    return "\n".join([*(c.line() for c in checks),
+                      f"perfsuite doctor: {verdict}; {s['warnings']} warning(s)"])
