@@ -144,12 +144,13 @@ def _run(argv: list[Any], what: str, cwd: Path | None = None) -> str:
 
 
 def checkout_side(name: str, ref: str, repo: Path, side_dir: Path,
-                  env: dict[str, str] | None = None) -> Side:
+                  env: dict[str, str] | None = None, flag: str | None = None) -> Side:
     """A side from a git ref of ``repo``: a worktree of the ref, a venv that
     sees the current interpreter's packages (torch is reused, not
-    reinstalled), and the worktree installed into it in editable mode."""
+    reinstalled), and the worktree installed into it in editable mode.
+    ``flag`` names the option the ref came from in messages (default --a-ref/--b-ref)."""
     started = time.monotonic()
-    flag = f"--{name.lower()}-ref {ref}"
+    flag = f"{flag or f'--{name.lower()}-ref'} {ref}"
     commit = _run(["git", "-C", repo, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
                   f"{flag}: finding the commit in {repo}")
     src, venv = side_dir / "src", side_dir / "venv"

@@ -84,7 +84,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise UsageProblem(f"perfsuite run: {err}") from None
     handle_sigterm()
     try:
-        return _run_cells(runner, chosen, args.fail_on_skipped, json_out=args.json_out)
+        return _run_cells(runner, chosen, args.fail_on_skipped, json_out=args.json_out,
+                          history=args.history)
     except KeyboardInterrupt as stop:
         print(f"interrupted ({str(stop) or 'Ctrl-C'}): {len(runner.results)} cell(s) kept in "
               f"{runner.out_dir / 'results.json'}", file=sys.stderr)
@@ -113,7 +114,8 @@ def _cmd_run_maybe_json(args: argparse.Namespace) -> int:
         return _cmd_run(args)
 
 
-def _run_cells(runner, chosen: list, fail_on_skipped: bool, json_out=None) -> int:
+def _run_cells(runner, chosen: list, fail_on_skipped: bool, json_out=None,
+               history: str | None = "off") -> int:
     from perfsuite.judge import failures
     from perfsuite.report import probe_lines, skipped_lines, summary_lines
 
@@ -143,6 +145,9 @@ def _run_cells(runner, chosen: list, fail_on_skipped: bool, json_out=None) -> in
 
         report = write_reports(runner.out_dir)["report_html"]
         print(f"report: {report}")
+        history_line = runner.add_to_history(history)
+        if history_line:
+            print(history_line)
     if json_out is not None:
         print(json.dumps({
             "results": str(runner.file.path) if kept else None,
@@ -367,6 +372,43 @@ LAUNCH_STATISTIC_HELP = ("what each of 4+ repeated launches contributes to the s
                          "neighbours only ever add time")
 
 
+def _cmd_bisect(args: argparse.Namespace) -> int:
+    import os
+    import time
+
+    from perfsuite import ab, bisect
+    from perfsuite.runner import handle_sigterm
+
+    cell = cells_mod.get(args.cell)  # an unknown id: CellError, exit 2
+    default_out = Path(".perfsuite") / f"bisect-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    try:
+        session = bisect.Bisection(cell, args.repo, args.good, args.bad, args.out or default_out,
+                                   use_counters=args.counters, max_launches=args.max_launches,
+                                   tolerance=args.tolerance, statistic=args.launch_statistic,
+                                   argv=sys.argv)
+    except ab.ABError as err:
+        print(f"perfsuite bisect: {err}", file=sys.stderr)
+        return bisect.EXIT_USAGE
+    handle_sigterm()
+    return session.run()
+
+
+BISECT_EPILOG = """\
+git bisect over --good..--bad in a throwaway worktree of --repo (the
+user's checkout is left as it is): each commit git picks is installed into
+a venv reusing this interpreter's packages and judged against --good, by an
+A/B session (regressed = bad; unknown or a failed launch = skip) or with
+--counters by one launch's work counters (any change = bad). Writes
+OUT/bisect.json with every judged commit.
+
+exit codes:
+  0    the first bad commit named, with the evidence
+  2    usage or environment error
+  3    undecided: only skipped commits left, or --bad not judged bad
+  130  interrupted (Ctrl-C, SIGTERM); bisect.json keeps every judgement
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="perfsuite", description=__doc__)
     parser.add_argument("--version", action="version", version=f"perfsuite {_version()}")
@@ -407,6 +449,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep cells an earlier run into --out measured fully")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the run already in --out (refused otherwise)")
+    p.add_argument("--history", metavar="URL",
+                   help="history store the run is added to (SQLite path or SQLAlchemy URL; "
+                        "default .perfsuite/history.sqlite; 'off' keeps none)")
     p.add_argument("--fail-on-skipped", action="store_true",
                    help="exit 1 when a comparison could not be made (no comparable baseline, "
                         "a skipped cell): for CI, where a green run must have judged something")
@@ -519,6 +564,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=20, help="steps per block")
     p.add_argument("--blocks", type=int, default=10)
     p.set_defaults(func=_cmd_overhead)
+
+    p = sub.add_parser("bisect", help="the first commit of a repository whose cell regressed "
+                                      "against a good commit (git bisect, A/B or work counters)",
+                       epilog=BISECT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("cell", metavar="CELL", help="the cell id to judge every commit by")
+    p.add_argument("--good", required=True, metavar="REF", help="a commit without the regression")
+    p.add_argument("--bad", required=True, metavar="REF", help="a later commit with it")
+    p.add_argument("--repo", type=Path, default=Path("."), help="git repository of the refs")
+    p.add_argument("--counters", action="store_true",
+                   help="judge by the work counters alone: one launch a commit, any change is bad")
+    p.add_argument("--max-launches", type=int, default=12, metavar="N",
+                   help="A/B: launches a side before a commit is left unknown (skipped)")
+    p.add_argument("--tolerance", type=float, default=0.05)
+    p.add_argument("--launch-statistic", choices=LAUNCH_STATISTICS, default="floor",
+                   help=LAUNCH_STATISTIC_HELP)
+    p.add_argument("--out", type=Path, help="output directory (default .perfsuite/bisect-<time>-<pid>)")
+    p.set_defaults(func=_cmd_bisect)
+    __import__("perfsuite.cli_history").cli_history.add_parsers(sub)
     return parser
 
 
@@ -534,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
     # and not for the commands that launch ranks: their BrokenPipeError unwinds
     # through the code that ends the ranks and keeps what was measured, and
     # ends quietly below.
-    if (argv is None and hasattr(signal, "SIGPIPE") and args.command not in ("run", "ab", "detection")
+    if (argv is None and hasattr(signal, "SIGPIPE") and args.command not in ("run", "ab", "detection", "bisect")
             and threading.current_thread() is threading.main_thread()):
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     try:

@@ -145,8 +145,9 @@ def _nsys_binary() -> tuple[str | None, str]:
     return (os.path.abspath(found), "") if found else (None, "no nsys on PATH")
 
 
-def _nsys_capture(binary: str, timeout: float = NSYS_TIMEOUT_S) -> tuple[bool, str]:
+def _nsys_capture(binary: str, timeout: float | None = None) -> tuple[bool, str]:
     """A 1-second capture of a Python that sleeps: (report written, what happened)."""
+    timeout = NSYS_TIMEOUT_S if timeout is None else timeout
     with tempfile.TemporaryDirectory(prefix="perfsuite-doctor-nsys-") as tmp:
         out = Path(tmp) / "doctor"
         argv = [binary, "profile", "-o", str(out), "--force-overwrite", "true",
@@ -217,6 +218,8 @@ def check_torch(torch: dict[str, Any], gpu_tier: bool) -> Check:
 def _no_gpu_reason(torch: dict[str, Any], nvml: dict[str, Any]) -> str:
     if "import_error" in torch:
         return "torch cannot be imported"
+    if torch.get("hip"):
+        return f"this torch ({torch.get('version')}) is a ROCm build"
     if torch.get("cuda") is None:
         return f"this torch ({torch.get('version')}) is a CPU-only build"
     why = []
@@ -423,7 +426,7 @@ def check_mnist(data_dir: Path | None, tier: str | None, cells: list) -> Check:
         if not needed:
             return Check("mnist", OK, f"the {tier} tier trains on the bundled digits; no MNIST needed")
         status = BLOCKER if tier == "full" else WARN
-        return Check("mnist", status, f"{mnist} cell(s){f' of the {tier} tier' if tier else ''} "
+        return Check("mnist", status, f"{mnist} cell(s){f' of the {tier} tier' if tier else ' (full tier)'} "
                                       "train on MNIST and no --data-dir was given",
                      "pass --data-dir DIR holding train-images-idx3-ubyte, train-labels-idx1-ubyte, "
                      "t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte (gzipped or not)")
@@ -477,8 +480,11 @@ def summary(checks: list[Check], tier: str | None) -> dict[str, Any]:
 
 def text(checks: list[Check], tier: str | None) -> str:
     s = summary(checks, tier)
-    what = f"the {tier} tier" if tier else "any tier (pass --tier to judge one)"
-    verdict = (f"{s['blockers']} blocker(s): {what} cannot run here" if s["blockers"]
-               else f"nothing blocks {what}")
+    if tier is None:
+        verdict = "no tier judged (pass --tier smoke|gate|full for its blockers)"
+    elif s["blockers"]:
+        verdict = f"{s['blockers']} blocker(s): the {tier} tier cannot run here"
+    else:
+        verdict = f"nothing blocks the {tier} tier"
     return "\n".join([*(c.line() for c in checks),
                       f"perfsuite doctor: {verdict}; {s['warnings']} warning(s)"])

@@ -49,6 +49,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="keep cells an earlier run into --perf-out measured fully")
     group.addoption("--perf-overwrite", action="store_true",
                     help="replace the run already in --perf-out (refused otherwise)")
+    group.addoption("--perf-history", default=None, metavar="URL",
+                    help="history store this run is added to (SQLite path or SQLAlchemy URL; "
+                         "default .perfsuite/history.sqlite; 'off' keeps none)")
     group.addoption("--perf-fail-on-skipped", action="store_true",
                     help="a comparison that could not be made (no comparable baseline, a "
                          "skipped cell) fails its test: for CI, where a green run must have "
@@ -108,7 +111,16 @@ def pytest_configure(config: pytest.Config) -> None:
         cells_mod.select(ids=config.getoption("--perf-cell"))
     except cells_mod.CellError as err:
         raise pytest.UsageError(str(err)) from None
-    config.stash[SESSION_KEY] = _session_runner(config)
+
+
+def session_runner(config: pytest.Config) -> Runner:
+    """The session's Runner, built on first use: a pytest run that collects no
+    cell never imports the measuring code (nor scipy, pandas, torch)."""
+    runner = config.stash.get(SESSION_KEY, None)
+    if runner is None:
+        runner = config.stash[SESSION_KEY] = _session_runner(config)
+        runner.allow_no_gpu = config.getoption("--perf-allow-no-gpu")  # read by its probe
+    return runner
 
 
 def _xdist_worker(config: pytest.Config) -> bool:
@@ -119,10 +131,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """Check what the session's cells need before the first is launched."""
     config = session.config
     allow_no_gpu = config.getoption("--perf-allow-no-gpu")
-    config.stash[SESSION_KEY].allow_no_gpu = allow_no_gpu  # read by its pre-flight probe
     measured = [item for item in session.items if "perf_cell" in getattr(item, "fixturenames", ())]
     if not measured or config.option.collectonly or _xdist_worker(config):
         return
+    runner = session_runner(config)  # bad options are a usage error here
     from perfsuite.baselines import BaselineError
     from perfsuite.runner import SessionError
 
@@ -138,7 +150,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
                 f"{', ...' if len(gpu_cells) > 1 else ''}), and torch sees no GPU: {why}. "
                 "Nothing was launched; pass --perf-allow-no-gpu to skip the GPU cells instead")
     try:
-        config.stash[SESSION_KEY].begin()
+        runner.begin()
     except (SessionError, BaselineError) as err:
         raise pytest.UsageError(f"perfsuite: {err}") from None
     # Only a session that measures: a CI cancel then ends the running cell,
@@ -177,7 +189,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.fixture(scope="session")
 def perf_session(request: pytest.FixtureRequest) -> Runner:
-    return request.config.stash[SESSION_KEY]
+    return session_runner(request.config)
 
 
 @pytest.fixture
@@ -190,8 +202,14 @@ def perf_result(perf_cell, perf_session: Runner, request) -> dict[str, Any]:
                     "would measure on top of each other and each rewrite results.json. Run the "
                     "perf tests in one process (-n 0, or -p no:xdist)", pytrace=False)
     result = perf_session.result(perf_cell)
-    for name, value in report.junit_properties(result):
-        request.node.user_properties.append((name, value))
+    # JUnit XML: xunit2 (pytest's default) allows no <properties> in a <testcase>;
+    # there the cell's figures go to <testsuite> properties, named by cell.
+    if request.config.getini("junit_family") in ("xunit1", "legacy"):
+        request.node.user_properties.extend(report.junit_properties(result))
+    else:
+        record = request.getfixturevalue("record_testsuite_property")
+        for name, value in report.junit_suite_properties(result):
+            record(name, value)
     request.node.add_report_section("call", "perfsuite", report.cell_text(result))
     _record_in_benchmark(request, result)
     strict = request.config.getoption("--perf-fail-on-skipped")
@@ -230,6 +248,7 @@ def _record_in_benchmark(request: pytest.FixtureRequest, result: dict[str, Any])
 
 
 REPORT_PATHS = pytest.StashKey[object]()
+HISTORY_LINE = pytest.StashKey[object]()
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
@@ -244,6 +263,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus):
             session.config.stash[REPORT_PATHS] = write_reports(runner.file.path.parent)
         except Exception as err:  # noqa: BLE001
             session.config.stash[REPORT_PATHS] = f"{type(err).__name__}: {err}"
+        session.config.stash[HISTORY_LINE] = runner.add_to_history(
+            session.config.getoption("--perf-history"),
+            interrupted=exitstatus == pytest.ExitCode.INTERRUPTED)
     yield
 
 
@@ -265,3 +287,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         terminalreporter.write_line(f"report: {written['report_html']}")
     elif written is not None:
         terminalreporter.write_line(f"report not written: {written}")
+    history = config.stash.get(HISTORY_LINE, None)
+    if history:
+        terminalreporter.write_line(history)

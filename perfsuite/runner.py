@@ -284,6 +284,20 @@ class Runner:
             self.file.add(result)
         return result
 
+    def add_to_history(self, url: str | None, interrupted: bool = False) -> str | None:
+        """Keep this run in the history at ``url`` (None: the default SQLite
+        file; "off": none); the line saying where, or why it was not kept."""
+        if url == "off" or not any(not r.get("partner") for r in self.results):
+            return None
+        if interrupted:
+            return "history: not stored: the session was interrupted (a partial run)"
+        from perfsuite.history import HistoryError, record_run_in_history
+
+        try:
+            return record_run_in_history(self.file.path, url)
+        except HistoryError as err:
+            return f"history: not stored: {err}"
+
     @property
     def results(self) -> list[dict[str, Any]]:
         return [r for r in self._results.values() if r.get("status") != "running"]

@@ -109,13 +109,61 @@ def twin_ratio(cell: dict, twin: dict, quantity: str = "throughput") -> float | 
 
 
 def check_interval(cell: Mapping[str, Any], name: str) -> tuple[float, float, float] | None:
-    """(observed, low, high) of a cell's named check, when it has all three."""
+    """(observed, low, high) of a cell's named check, the interval bounding the
+    observed value. A check that compared with a baseline value bounds its
+    ratio observed / expected (checks.Verdict): scaled back by ``expected``."""
     for check in cell.get("checks") or []:
         if check.get("name") == name:
             values = [number(check.get(k)) for k in ("observed", "ci_low", "ci_high")]
-            if all(v is not None for v in values):
-                return values[0], values[1], values[2]
+            if any(v is None for v in values):
+                return None
+            observed, low, high = values
+            expected, ratio = number(check.get("expected")), number(check.get("ratio"))
+            if expected and ratio is not None:
+                low, high = low * expected, high * expected
+            if not low <= observed <= high:  # not an interval of the observed value
+                return None
+            return observed, low, high
     return None
+
+
+def sample_ratio_interval(cell: Mapping[str, Any], twin: Mapping[str, Any],
+                          confidence: float = 0.95) -> tuple[float, float | None, float | None] | None:
+    """throughput(cell) / throughput(twin) with a bootstrap interval from both
+    cells' step-time samples, as the cross-cell checks compute it
+    (``checks.CrossCellRatio``); (ratio, None, None) when too few samples bound it."""
+    from perfsuite import stats
+    from perfsuite.checks import samples_per_step
+
+    def samples(c: Mapping[str, Any]) -> list[float]:
+        raw = ((c.get("metrics") or {}).get("step_time") or {}).get("samples") or []
+        return [float(x) for x in raw if number(x) is not None and x > 0]
+
+    mine, theirs = samples(cell), samples(twin)
+    if not mine or not theirs:
+        return None
+    factor = samples_per_step(cell) / samples_per_step(twin)
+    interval = stats.median_ratio_interval(theirs, mine, factor=factor, confidence=confidence)
+    low, high = number(interval.low), number(interval.high)
+    if low is None or high is None or low <= 0:
+        return interval.estimate, None, None
+    return interval.estimate, low, high
+
+
+def ratio_with_interval(cell: Mapping[str, Any], twin: Mapping[str, Any] | None,
+                        check: str = "") -> tuple[float, float | None, float | None] | None:
+    """A cell's throughput ratio over its twin with an interval: the named
+    check's when the cell has one, else from both cells' step-time samples."""
+    found = check_interval(cell, check) if check else None
+    if found is not None:
+        return found
+    if twin is None:
+        return None
+    from_samples = sample_ratio_interval(cell, twin)
+    if from_samples is not None:
+        return from_samples
+    ratio = twin_ratio(cell, dict(twin))
+    return None if ratio is None else (ratio, None, None)
 
 
 def ratios_to_twin(cells: Iterable[dict], axis: str, reference: Any) -> list[dict[str, Any]]:
@@ -135,18 +183,38 @@ def ratios_to_twin(cells: Iterable[dict], axis: str, reference: Any) -> list[dic
         for cell in group:
             if params(cell).get(axis) == reference:
                 continue
-            ratio = twin_ratio(cell, twin)
-            interval = check_interval(cell, RATIO_CHECKS.get(axis, ""))
-            if interval is not None:
-                ratio = interval[0]
-            if ratio is None:
+            found = ratio_with_interval(cell, twin, RATIO_CHECKS.get(axis, ""))
+            if found is None:
                 continue
-            out.append({"cell": cell, "twin": twin, "key": key, "ratio": ratio,
-                        "low": interval[1] if interval else None,
-                        "high": interval[2] if interval else None,
+            out.append({"cell": cell, "twin": twin, "key": key, "ratio": found[0],
+                        "low": found[1], "high": found[2],
                         "value": params(cell).get(axis),
                         "world_size": params(cell).get("world_size")})
     return out
+
+
+def accuracy_meaningful(cell: Mapping[str, Any]) -> bool:
+    """Whether the cell's accuracy means something: it has an accuracy target
+    (``min_accuracy`` > 0; the image workload evaluates its test split only
+    then) or says it evaluated a test split. A brief run's accuracy is chance
+    level (10 % on ten classes) and reads like a failure."""
+    if (number(params(cell).get("min_accuracy")) or 0.0) > 0:
+        return True
+    info = cell.get("info") or {}
+    return bool(info.get("evaluated") or info.get("accuracy_split"))
+
+
+def shown_accuracy(cell: Mapping[str, Any]) -> float | None:
+    """The accuracy to show, or None where it is not meaningful."""
+    return metric(cell, "accuracy") if accuracy_meaningful(cell) else None
+
+
+def pin_memory_inactive(cell: Mapping[str, Any]) -> bool:
+    """pin_memory cannot act here: no host-to-device copy (a CPU cell)."""
+    effective = (cell.get("info") or {}).get("pin_memory_effective")
+    if params(cell).get("pin_memory") and effective is not None:
+        return effective is False  # the pinned cell says whether pinning acted
+    return params(cell).get("device") != "cuda"
 
 
 def env_of(cells: Iterable[Mapping[str, Any]], run_env: Mapping[str, Any] | None = None) -> dict:

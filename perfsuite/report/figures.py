@@ -78,18 +78,23 @@ def _best_group(groups: dict[tuple, dict[tuple, dict]]) -> dict[tuple, dict] | N
 
 def _speedups(points: dict[Any, dict]) -> dict[int, tuple[float, float | None, float | None]]:
     """{N: (throughput(N) / throughput(1), low, high)}; the interval from the
-    cell's scaling_efficiency check (efficiency x N) when it has one."""
+    cell's scaling_efficiency check (efficiency x N) when it has one, else a
+    bootstrap of both cells' step-time samples (as the check computes it)."""
     base = points.get(1)
     out = {}
     for n, cell in points.items():
-        ratio = cv.twin_ratio(cell, base) if base else None
         interval = cv.check_interval(cell, "scaling_efficiency")
         if interval and n:
-            ratio, low, high = (v * n for v in interval)
-            out[n] = (ratio, low, high)
-        elif ratio is not None:
-            out[n] = (ratio, None, None)
+            out[n] = tuple(v * n for v in interval)
+        elif cell is base:
+            out[n] = (1.0, None, None)  # the reference itself: 1 by definition
+        elif base is not None and (found := cv.ratio_with_interval(cell, base)) is not None:
+            out[n] = found
     return out
+
+
+def _scaled(values: tuple[float, float | None, float | None], factor: float) -> tuple:
+    return tuple(None if v is None else v * factor for v in values)
 
 
 def scaling_figure(cells: Cells, paper: PaperReference | None = None) -> Figure | None:
@@ -151,6 +156,7 @@ def scaling_figure(cells: Cells, paper: PaperReference | None = None) -> Figure 
                     label="ideal")
     axes[2].axhline(1.0, color="black", linewidth=0.8, linestyle=":")
     axes[2].set_ylim(0, max(1.3, top_efficiency * 1.1))
+    note(axes[1], "error bars: 95 % interval of each ratio")
     if separate:
         paper_axes.set(title=f"{paper.label} (reference)", ylabel="T1 / TN (×)")
         note(paper_axes, f"{paper_what}; Fig. 1 marks at 4 GPUs, 700 px; "
@@ -208,10 +214,13 @@ def image_size_figure(cells: Cells, paper: PaperReference | None = None) -> Figu
         speed = _speedups(points)
         if len(speed) >= 2:
             ns = sorted(speed)
-            line(axes[1], ns, [speed[n][0] / n for n in ns], **style)
+            efficiency = [_scaled(speed[n], 1 / n) for n in ns]
+            line(axes[1], ns, [e[0] for e in efficiency], [e[1] for e in efficiency],
+                 [e[2] for e in efficiency], **style)
     axes[0].set(title="time per 1000 images (1000 / throughput)", ylabel="seconds")
     axes[1].set(title="efficiency T1 / (N·TN)", ylabel="efficiency (fraction of ideal)",
                 ylim=(0, max([1.3] + [y * 1.1 for ln in axes[1].lines for y in ln.get_ydata()])))
+    note(axes[1], "error bars: 95 % interval (bootstrap of both cells' step times)")
     axes[1].axhline(1.0, color="black", linewidth=0.8, linestyle=":")
     found = paper.findings_for("world_size=1")
     found = found[found["source"].astype(str).str.contains("Fig. 2")] if not found.empty else found
@@ -302,15 +311,21 @@ def pin_memory_figure(cells: Cells, paper: PaperReference | None = None,
     table = "Table 3" if workload == "image" else "Table 5"
     what = ("DDP-DS FP32, MNIST 500 px" if workload == "image"
             else "Llama3-8B LoRA, alpaca_cleaned")
-    ours = _ours_by_world(pairs, series_of)
-    inactive = [p for p in pairs if (p["cell"].get("info") or {}).get("pin_memory_effective")
-                is False]
-    return ratio_bars(f"pin_memory gain (mirrors {table}, {workload})",
-                      cv.hardware_label(every), "speed-up pin / nopin (×)", ours, theirs,
-                      same_axes=cv.on_gpu(every), paper_label=paper.label,
+    inactive = [p for p in pairs if cv.pin_memory_inactive(p["cell"])]
+    active = [p for p in pairs if not cv.pin_memory_inactive(p["cell"])]
+    ours = _ours_by_world(active, series_of)
+    neutral = _ours_by_world(inactive, series_of)
+    gpu = cv.on_gpu(every)
+    ours_note = ("pin_memory cannot act here (no host-to-device copy): the ratio is run-to-run "
+                 "variation around 1, shown with its interval, not a gain" if inactive else "")
+    title = (f"pin_memory (mirrors {table}, {workload})" + (": no effect expected on CPU"
+                                                           if inactive and not active else " gain"))
+    return ratio_bars(title, cv.hardware_label(every),
+                      "throughput ratio pin / nopin (×)", ours, theirs,
+                      same_axes=gpu, paper_label=paper.label,
                       paper_note=f"{table}: {what}" if theirs else "",
-                      ours_note="pin_memory had no effect here (no host-to-device copy)"
-                      if inactive else "")
+                      ours_note=ours_note, neutral=neutral,
+                      neutral_label="no effect expected (95 % interval)")
 
 
 def step_time_figure(cells: Cells, paper: PaperReference | None = None) -> Figure | None:
@@ -366,16 +381,20 @@ FIGURES: tuple[tuple[str, str, Callable[..., Figure | None], str], ...] = (
      "Distribution of the measured step times of each cell (the samples the checks judge)."),
     ("scaling", "Scaling per strategy (Fig. 1)", scaling_figure,
      ("Throughput counts distinct images per second; speed-up and efficiency are against the "
-      "1-rank cell of the same configuration. Paper: DDP-DS speed-ups of Table 2 and the "
-      "statements of Fig. 1 (its chart has no printed numbers).")),
+      "1-rank cell of the same configuration, with 95 % intervals (the scaling_efficiency "
+      "check's, else a bootstrap of both cells' step times). Paper: DDP-DS speed-ups of Table 2 "
+      "and the statements of Fig. 1 (its chart has no printed numbers).")),
     ("image_size", "Scaling per image size (Fig. 2)", image_size_figure,
-     ("Time per 1000 images and efficiency per image size; the paper states only where 4 GPUs "
-      "become effective.")),
+     ("Time per 1000 images and efficiency per image size (95 % intervals); the paper states "
+      "only where 4 GPUs become effective.")),
     ("precision", "Precision (Table 2)", precision_figure,
      ("Throughput ratio of each precision over the FP64 cell of the same configuration; error "
-      "bars are the precision_speedup check's confidence interval where the cell has one.")),
+      "bars are the 95 % interval of the ratio: the precision_speedup check's where the cell has "
+      "one, else a bootstrap of both cells' step times.")),
     ("pin_memory", "pin_memory (Table 3)", pin_memory_figure,
-     "Throughput ratio of pin_memory=True over the same cell without it."),
+     ("Throughput ratio of pin_memory=True over the same cell without it, with its 95 % interval. "
+      "Where pin_memory cannot act (a CPU run: no host-to-device copy) the ratio is drawn as a "
+      "point around 1, 'no effect expected', not as a gain.")),
 )
 
 

@@ -39,8 +39,14 @@ def _phase_parts(profile: dict[str, Any]) -> dict[str, float]:
 
 
 def _per_step(profile: dict[str, Any]) -> tuple[float, str]:
+    """Seconds in the window -> ms per measured step. A merged profile sums its
+    ranks' times; a step is one rank's, so divide by the ranks too (the mean
+    over ranks), or two ranks show twice the step."""
     steps = profile.get("steps")
-    return (1e3 / steps, "ms per measured step") if steps else (1.0, "seconds in the window")
+    ranks = len(profile.get("ranks") or []) or 1
+    if not steps:
+        return 1.0, "seconds in the window"
+    return 1e3 / (steps * ranks), "ms per measured step (mean over ranks)"
 
 
 def profile_figure(cells: Sequence[dict[str, Any]],

@@ -99,8 +99,8 @@ def grouped_bars(ax: Axes, groups: list, bars: list[tuple[str, dict, dict]], *,
         if errors and name in errors:
             pairs = [errors[name].get(g) for _, _, g in shown]
             if any(p is not None for p in pairs):
-                err = [[h - p[0] if p else 0 for (_, h, _), p in zip(shown, pairs)],
-                       [p[1] - h if p else 0 for (_, h, _), p in zip(shown, pairs)]]
+                err = [[max(0.0, h - p[0]) if p else 0 for (_, h, _), p in zip(shown, pairs)],
+                       [max(0.0, p[1] - h) if p else 0 for (_, h, _), p in zip(shown, pairs)]]
         container = ax.bar([s[0] for s in shown], [s[1] for s in shown], width * 0.95,
                            label=name, yerr=err, capsize=3 if err else 0, **style)
         crowded = len(bars) * len(groups) > 12  # vertical numbers when bars are slim
@@ -129,16 +129,23 @@ class ReportFigure:
 
 
 
+NEUTRAL_COLOUR = "#7f7f7f"
+
+
 def ratio_bars(title: str, hardware: str, ylabel: str, ours: dict[str, dict],
                paper: dict[str, dict], *, same_axes: bool, paper_label: str,
-               paper_note: str = "", ours_note: str = "") -> Figure:
-    """Ratios per GPU count, ours beside the paper's.
+               paper_note: str = "", ours_note: str = "", neutral: dict[str, dict] | None = None,
+               neutral_label: str = "no effect expected") -> Figure:
+    """Ratios per GPU count, ours beside the paper's, each of ours with its interval.
 
     ours: {series: {world_size: (ratio, low, high)}}; paper: {series: {world_size:
     value}}. On the paper's kind of hardware both share one axes (paper bars
     hatched, next to ours of the same series); elsewhere the paper gets its own
-    axes, as a reference only.
+    axes, as a reference only. ``neutral``: ratios where no effect is expected
+    (e.g. pin_memory on a CPU): drawn as points with their interval around the
+    line at 1, not as bars, so noise does not read as a finding.
     """
+    neutral = neutral or {}
     names = list(dict.fromkeys([*ours, *paper]))
     tint = {n: colour(n.split()[0], i) for i, n in enumerate(names)}
     prefix = ("ours ", "paper ") if same_axes else ("", "")
@@ -153,18 +160,25 @@ def ratio_bars(title: str, hardware: str, ylabel: str, ours: dict[str, dict],
     if same_axes:
         by_name = {b[0]: b for b in ours_bars + paper_bars}
         bars = [by_name[p + n] for n in names for p in prefix if p + n in by_name]
-        panels = [(bars, f"{hardware}  |  {paper_label}" if paper_bars else hardware, errors)]
+        panels = [(bars, f"{hardware}  |  {paper_label}" if paper_bars else hardware, errors, True)]
     else:
-        panels = [(ours_bars, hardware, errors)]
+        panels = [(ours_bars, hardware, errors, True)]
         if paper_bars:
-            panels.append((paper_bars, paper_label, None))
+            panels.append((paper_bars, paper_label, None, False))
     fig, axes = new_figure(len(panels), 7.0 if len(panels) == 1 else 5.2, 4.2)
-    for ax, (bars, who, errs) in zip(axes, panels):
-        grouped_bars(ax, sorted({w for _, values, _ in bars for w in values}), bars,
-                     errors=errs)
+    for ax, (bars, who, errs, mine) in zip(axes, panels):
+        worlds = {w for _, values, _ in bars for w in values}
+        if mine:
+            worlds |= {w for pts in neutral.values() for w in pts}
+        groups = sorted(worlds)
+        grouped_bars(ax, groups, bars, errors=errs)
+        if mine:
+            _neutral_points(ax, groups, neutral, neutral_label)
         ax.set_title(who, fontsize=9)
+    ours_highs = [hi for e in errors.values() for _, hi in e.values()]
+    neutral_values = [x for pts in neutral.values() for v in pts.values() for x in v if x is not None]
     top = max([v for _, vals, _ in ours_bars + paper_bars for v in vals.values()]
-              + [hi for e in errors.values() for _, hi in e.values()] + [1.0])
+              + ours_highs + neutral_values + [1.0])
     for ax in axes:
         ax.axhline(1.0, color="black", linewidth=0.8, linestyle=":", zorder=0)
         ax.set_xlabel("GPUs / ranks (world size)")
@@ -176,6 +190,30 @@ def ratio_bars(title: str, hardware: str, ylabel: str, ours: dict[str, dict],
         figure_legend(fig)
     if paper_note:
         note(axes[-1], paper_note)
+    unbounded = [n for n, pts in {**ours, **neutral}.items() for v in pts.values() if v[1] is None]
+    if unbounded:
+        ours_note = (ours_note + "; " if ours_note else "") + (
+            "no interval where a cell has too few step samples: " + ", ".join(dict.fromkeys(unbounded)))
     if ours_note:
         note(axes[0], ours_note)
     return titled(fig, title, "")
+
+
+def _neutral_points(ax: Axes, groups: list, neutral: dict[str, dict], label: str) -> None:
+    """Ratios where no effect is expected: a grey point with its interval and
+    the numbers written beside it, around the dotted line at 1."""
+    for i, (name, points) in enumerate(neutral.items()):
+        offset = (i - (len(neutral) - 1) / 2) * 0.15
+        shown = [(groups.index(w) + offset, v) for w, v in sorted(points.items()) if w in groups]
+        if not shown:
+            continue
+        xs, values = [x for x, _ in shown], [v for _, v in shown]
+        err = [[max(0.0, v[0] - v[1]) if v[1] is not None else 0 for v in values],
+               [max(0.0, v[2] - v[0]) if v[2] is not None else 0 for v in values]]
+        ax.errorbar(xs, [v[0] for v in values], yerr=err, fmt="D", color=NEUTRAL_COLOUR,
+                    markerfacecolor="white", capsize=5, linewidth=1.5, label=f"{name}: {label}")
+        for x, v in zip(xs, values):
+            interval = f"\n[{v[1]:.2f}, {v[2]:.2f}]" if v[1] is not None and v[2] is not None else ""
+            ax.annotate(f"{v[0]:.2f}{interval}", (x, v[2] if v[2] is not None else v[0]),
+                        textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7,
+                        color=NEUTRAL_COLOUR)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from perfsuite.report.cellview import accuracy_meaningful
+
 _UNITS = {"bytes": (2**20, "MiB"), "s": (1e-3, "ms"), "fraction": (0.01, "%")}
 
 
@@ -34,6 +36,8 @@ def summary_lines(results: list[dict[str, Any]]) -> list[str]:
         if r["status"] == "ok":
             parts.append(_step(m))
             for name in ("throughput", "accuracy", "peak_mem_allocated", "peak_rss"):
+                if name == "accuracy" and not accuracy_meaningful(r):
+                    continue  # a brief run's chance-level accuracy reads like a failure
                 if name in m:
                     parts.append(f"{name} {_fmt(m[name])}")
         else:
@@ -70,6 +74,9 @@ def cell_text(result: dict[str, Any]) -> str:
     lines = [f"cell {result['id']}: {result['status']}"
              + (f" ({result['reason']})" if result.get("reason") else "")]
     for name, metric in result.get("metrics", {}).items():
+        if name == "accuracy" and not accuracy_meaningful(result):
+            lines.append(f"  {name:<20} {_fmt(metric)} (no accuracy target: chance level, not judged)")
+            continue
         lines.append(f"  {name:<20} {_fmt(metric)}")
     for check in result.get("checks", []):
         lines.append(f"  check {check['name']:<28} {check['verdict']:<9} observed "
@@ -77,14 +84,35 @@ def cell_text(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+CHECK_FIELDS = ("observed", "expected", "ratio", "ci_low", "ci_high", "confidence", "tolerance",
+                "unit", "baseline")
+
+
 def junit_properties(result: dict[str, Any]) -> list[tuple[str, Any]]:
+    """(name, value) pairs for JUnit XML: the cell's metrics, and per check its
+    verdict with what decided it (ratio to the baseline, its interval, the
+    baseline it came from). Empty values are left out."""
     props = [("perf.id", result["id"]), ("perf.status", result["status"])]
+    if result.get("reason"):
+        props.append(("perf.reason", result["reason"]))
     for name, metric in result.get("metrics", {}).items():
+        if name == "accuracy" and not accuracy_meaningful(result):
+            continue
         props.append((f"perf.{name}", metric.get("value")))
         props.append((f"perf.{name}.unit", metric.get("unit")))
     for check in result.get("checks", []):
         props.append((f"perf.check.{check['name']}", check["verdict"]))
-    return props
+        props += [(f"perf.check.{check['name']}.{field}", check.get(field)) for field in CHECK_FIELDS]
+    return [(name, value) for name, value in props if value is not None and value != ""]
+
+
+def junit_suite_properties(result: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The same, for ``<testsuite>`` properties (the only place xunit2 allows
+    them; pytest's record_testsuite_property): each name carries the cell id,
+    "perf[<cell id>].step_time", as the suite holds every cell's."""
+    cell = result["id"]
+    return [(f"perf[{cell}]{name.removeprefix('perf')}", value)
+            for name, value in junit_properties(result)]
 
 
 def probe_lines(probe: dict[str, Any] | None) -> list[str]:

@@ -218,3 +218,105 @@ def test_sigpipe_default_only_for_the_console_entry_and_commands_that_launch_not
         name, default = done.stdout.split()
         said[name] = default == "True"
     assert said == {"list": True, "compare": True, "run": False, "detection": False}
+
+
+def test_version_from_the_installed_metadata(capsys):
+    from importlib.metadata import version
+
+    import pytest
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.strip() == f"perfsuite {version('perfsuite')}"
+
+
+def test_python_dash_m_perfsuite_is_the_command():
+    import subprocess
+
+    argv, env, root = _perfsuite()
+    argv = [argv[0], "-m", "perfsuite"]
+    done = subprocess.run([*argv, "list", "--tier", "smoke", "--json"], capture_output=True, text=True,
+                          env=env, cwd=root, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert [c["id"] for c in json.loads(done.stdout)] == [c.id for c in cells.select(tier="smoke")]
+    done = subprocess.run([*argv, "--version"], capture_output=True, text=True, env=env, cwd=root,
+                          timeout=60)
+    assert done.returncode == 0 and done.stdout.startswith("perfsuite "), done.stderr
+
+
+def test_list_json_gives_ids_and_params(capsys):
+    assert main(["list", "--tier", "gate", "--workload", "image", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    chosen = cells.select(tier="gate", workload="image")
+    assert [c["id"] for c in listed] == [c.id for c in chosen]
+    assert listed[0]["params"] == json.loads(json.dumps(chosen[0].params()))
+    assert {c["params"]["device"] for c in listed} == {"cuda"}
+
+
+def test_compare_json_prints_the_verdicts_and_keeps_the_exit_codes(tmp_path, capsys):
+    from perfsuite.comparing import compare_runs
+    from perfsuite.results import load
+
+    a = write_run(tmp_path / "a", 1.0, launches=4)
+    c = write_run(tmp_path / "c", 1.25, seed=2, launches=4)
+    assert main(["compare", str(a), str(c), "--json"]) == 1
+    verdicts = json.loads(capsys.readouterr().out)
+    assert verdicts == json.loads(json.dumps(compare_runs(load(a), load(c))))
+    assert any(v["cell"] == CELL.id and v["verdict"] == "regressed" for v in verdicts)
+    other = write_run(tmp_path / "other", 1.0)
+    data = json.loads((other / "results.json").read_text())
+    data["cells"][0]["id"] = "smoke/image/dp/c1/fp32/px32/nopin/nchw"
+    (other / "results.json").write_text(json.dumps(data))
+    assert main(["compare", str(a), str(other), "--json"]) == 3  # nothing shared: undecided
+    captured = capsys.readouterr()
+    assert all(v["verdict"] == "skipped" for v in json.loads(captured.out))
+    assert "share no cell" in captured.err
+
+
+def test_run_json_sends_progress_to_stderr_and_a_summary_to_stdout(tmp_path, capsys, monkeypatch):
+    """perfsuite run --json, with the runner stood in for (no launch): stdout is
+    one JSON document, everything said on the way is on stderr."""
+    import perfsuite.report.html
+    import perfsuite.runner
+
+    failed = {"name": "step_time", "verdict": "regressed", "metric": "step_time", "message": "slower"}
+    skipped = {"name": "accuracy", "verdict": "skipped", "metric": "accuracy", "message": "no baseline"}
+
+    class FakeRunner:
+        def __init__(self, out_dir, launch, **kwargs):
+            self.out_dir, self.launch, self.on_notice = tmp_path / "out", launch, kwargs["on_notice"]
+            self.file = type("File", (), {"path": self.out_dir / "results.json"})()
+            self.results, self.probe = [], None
+
+        def begin(self):
+            self.on_notice("a notice from the session")
+
+        def result(self, cell):
+            self.launch.on_progress(cell, "step 3/14")
+            checks = [failed, skipped] if cell.world_size == 2 else [skipped]
+            result = {"id": cell.id, "status": "ok", "reason": None, "metrics": {}, "checks": checks}
+            self.results.append(result)
+            return result
+
+        def end(self):
+            pass
+
+    monkeypatch.setattr(perfsuite.runner, "Runner", FakeRunner)
+    monkeypatch.setattr(perfsuite.runner, "handle_sigterm", lambda: None)
+    monkeypatch.setattr(perfsuite.report.html, "write_reports",
+                        lambda out: {"report_html": out / "report.html"})
+    ids = ["smoke/image/dp/c1/fp32/px32/nopin/nchw", "smoke/image/ddp/c2/fp32/px32/nopin/nchw"]
+    assert main(["run", *ids, "--no-probe", "--json"]) == 1
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
+    assert summary["results"] == str(tmp_path / "out" / "results.json") and summary["exit"] == 1
+    assert summary["report"] == str(tmp_path / "out" / "report.html")
+    assert [(c["id"], c["status"]) for c in summary["cells"]] == [(i, "ok") for i in ids]
+    assert summary["cells"][0]["failed_checks"] == [] and summary["cells"][1]["failed_checks"] == [failed]
+    assert summary["cells"][1]["skipped_checks"] == ["accuracy"]
+    for said in ("a notice from the session", "step 3/14", "[2/2]", "results: "):
+        assert said in captured.err
+    assert main(["run", ids[0], "--no-probe"]) == 0  # without --json: as before, all on stdout
+    captured = capsys.readouterr()
+    assert "[1/1]" in captured.out and "step 3/14" in captured.out and not captured.out.startswith("{")

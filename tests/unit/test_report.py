@@ -3,13 +3,19 @@
 import base64
 import json
 import re
+from html.parser import HTMLParser
+from pathlib import Path
+from xml.etree import ElementTree
 
+import numpy as np
 import pandas as pd
 import pytest
+from matplotlib.container import BarContainer, ErrorbarContainer
 
 from perfsuite.profiling.summary import ProfileRow, ProfileSummary, attribute_change
 from perfsuite.report import figures, figures_llm, figures_profile, html, tables
 from perfsuite.report.paper import PaperReference, load_paper_reference
+from perfsuite.report.terminal import junit_properties, summary_lines
 
 CPU_ENV = {"hostname": "ci", "cpu_model": "Test CPU", "cpu_cores": 2, "torch": "2.14.0",
            "gpu_name": None, "gpu_count": 0, "commit": "abc123"}
@@ -238,3 +244,332 @@ def test_a_cells_work_counters_are_shown_per_step(results):
     assert "c10d allreduce" in page and "4 calls, 17.9 MB" in page and "3.5e+09" in page
     assert "111 (2 operators)" in page and "kernel launches" in page and "812" in page
     assert "unstable, not judged: ops/aten::add" in page
+
+
+# -- the page, its figures and the JUnit XML, against what a reader found wrong ----------
+
+pytest_plugins = ["pytester"]
+
+
+class Tables(HTMLParser):
+    """Each <table> of a page: its header row and body rows as (colspan, text) cells."""
+
+    def __init__(self, page: str):
+        super().__init__()
+        self.tables, self._row, self._cell, self._part = [], None, None, None
+        self.feed(page)
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "table":
+            self.tables.append({"attrs": attrs, "head": [], "rows": []})
+        elif tag in ("thead", "tbody"):
+            self._part = tag
+        elif tag == "tr" and self.tables:
+            self._row = []
+            (self.tables[-1]["head"] if self._part == "thead" else self.tables[-1]["rows"]).append(self._row)
+        elif tag in ("td", "th") and self._row is not None:
+            self._cell = [int(attrs.get("colspan") or 1), ""]
+            self._row.append(self._cell)
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th"):
+            self._cell = None
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell[1] += data
+
+
+def misaligned(page: str) -> list:
+    width = lambda row: sum(span for span, _ in row)
+    return [(t["head"], row) for t in Tables(page).tables for row in t["rows"]
+            if not t["head"] or width(row) != width(t["head"][0])]
+
+
+def column(table: dict, header: str) -> list[str]:
+    names = [text.strip() for _, text in table["head"][0]]
+    return [row[names.index(header)][1].strip() for row in table["rows"]]
+
+
+def section(page: str, name: str) -> str:
+    start = page.index(f'<section id="{name}"')
+    return page[start:page.index("</section>", start)]
+
+
+def sampled(median, n=40, seed=0, **kw):
+    rng = np.random.default_rng(seed)
+    out = cell(step_s=median, **kw)
+    samples = list(median * np.exp(rng.normal(0, 0.03, n)))
+    out["metrics"]["step_time"] = {**step(median, n), "samples": samples}
+    return out
+
+
+def test_page_is_rendered_from_autoescaping_jinja_templates(results):
+    from jinja2 import Environment
+
+    templates = Path(html.__file__).with_name("templates")
+    assert (templates / "report.html.j2").is_file()
+    env = html._environment()
+    assert isinstance(env, Environment) and env.autoescape is True
+    hostile = cell(reason=None, checks=[{"name": "step_time", "verdict": "fail",
+                                         "message": "<script>alert(1)</script>"}])
+    hostile["id"] = 'smoke/image/"><img src=x onerror=alert(1)>'
+    page = html.render_html(run([hostile]), figures=[])
+    assert "<script>alert(1)</script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "<img src=x" not in page
+    source = Path(html.__file__).read_text()
+    assert "<table" not in source and "<td" not in source.replace('f\'<td class="{classes}">', "")
+    pyproject = (Path(html.__file__).parents[2] / "pyproject.toml").read_text()
+    assert '"report/templates/*"' in pyproject and '"jinja2>=3.1"' in pyproject
+
+
+def test_probe_table_puts_each_figure_in_its_own_cells():
+    probe = {"id": "smoke/probe/c2", "status": "ok",
+             "metrics": {"matmul_tflops_fp32": {"value": 0.1264, "unit": "TFLOP/s"},
+                         "allreduce_busbw_gbps": {"value": 0.8601, "unit": "GB/s"}},
+             "assessment": {"trusted": True, "flags": [], "notes": ["nothing to compare"],
+                            "figures": {"matmul_tflops_fp32": {"expected": 0.2, "fraction": 0.63,
+                                                               "verdict": "ok"}}}}
+    page = html.render_html({"cells": [], "probe": probe, "env": {}, "run": {}}, figures=[])
+    assert "matmul_tflops_fp32TFLOP/s" not in page and misaligned(page) == []
+    table = next(t for t in Tables(section(page, "probe")).tables)
+    assert column(table, "figure") == ["matmul_tflops_fp32", "allreduce_busbw_gbps"]
+    assert column(table, "measured") == ["0.1264 TFLOP/s", "0.8601 GB/s"]
+    assert column(table, "of expected")[0] == "63%"
+
+
+def test_every_table_row_has_as_many_cells_as_its_header(results):
+    page = html.render_html(results, figures=[])
+    assert len(Tables(page).tables) >= 8 and misaligned(page) == []
+
+
+def test_accuracy_only_where_the_cell_has_a_target():
+    brief = cell(checks=[])
+    brief["metrics"]["accuracy"] = {"value": 0.1, "unit": "fraction"}  # chance after 14 steps
+    target = cell(world_size=2, checks=[])
+    target["params"]["min_accuracy"] = 0.9
+    lines = summary_lines([brief, target])
+    assert "accuracy" not in lines[0] and "accuracy 93 %" in lines[1]
+    page = html.render_html(run([brief, target]), figures=[])
+    cells_table = Tables(section(page, "cells")).tables[0]
+    assert column(cells_table, "accuracy (%)") == ["–", "93"]
+    assert ("perf.accuracy", 0.1) not in junit_properties(brief)
+
+
+def errorbars(ax) -> list[tuple[float, float]]:
+    """(low, high) of every vertical error bar drawn on the axes (bars' and points')."""
+    out = []
+    for container in ax.containers:
+        if isinstance(container, ErrorbarContainer):
+            for collection in container.lines[2]:
+                out += [(min(s[0][1], s[1][1]), max(s[0][1], s[1][1])) for s in collection.get_segments()
+                        if s[0][1] != s[1][1]]  # a point without an interval draws none
+    return out
+
+
+def test_ratio_figures_draw_the_interval_of_the_plotted_ratio(paper):
+    # A check compared with a baseline bounds observed / expected (like the real
+    # runs': observed 1.65, ratio 0.74 [0.67, 0.89]): the bars must bound 1.65.
+    judged = {"name": "precision_speedup", "verdict": "same", "observed": 1.65, "expected": 2.226,
+              "ratio": 0.7412, "ci_low": 0.6665, "ci_high": 0.889, "confidence": 0.95}
+    cells = [sampled(0.2, precision="fp64", world_size=2, seed=1),
+             sampled(0.1, precision="fp32", world_size=2, seed=2),  # no check: from samples
+             sampled(0.12, precision="bf16", world_size=2, seed=3, checks=[judged])]
+    fig = figures.precision_figure(cells, paper)
+    bars = errorbars(fig.axes[0])
+    assert len(bars) == 2
+    assert any(lo == pytest.approx(0.6665 * 2.226) and hi == pytest.approx(0.889 * 2.226) for lo, hi in bars)
+    heights = [p.get_height() for c in fig.axes[0].containers if isinstance(c, BarContainer) for p in c]
+    fp32 = next(h for h in heights if h == pytest.approx(2.0, rel=0.05))  # 0.2 s / 0.1 s
+    assert any(lo < fp32 < hi for lo, hi in bars)  # its bootstrap interval, from the samples
+    scaling = figures.scaling_figure([sampled(0.1, world_size=1, seed=4),
+                                      sampled(0.12, world_size=2, seed=5)], paper)
+    (low, high), = errorbars(scaling.axes[1])  # the 2-rank speed-up; 1 rank is 1 by definition
+    drawn = scaling.axes[1].containers[0].lines[0].get_ydata()[-1]
+    assert low < drawn < high and drawn == pytest.approx(2 * 0.1 / 0.12, rel=0.05)
+    assert "error bars" in dict((n, c) for n, _, _, c in figures.FIGURES)["precision"]
+
+
+def test_cpu_pin_memory_is_no_effect_expected_with_its_interval(paper):
+    nopin = sampled(0.100, world_size=2, seed=6)
+    pinned = sampled(0.0877, world_size=2, pin=True, seed=7, info={"pin_memory_effective": False})
+    fig = figures.pin_memory_figure([nopin, pinned], paper)
+    ours = fig.axes[0]
+    assert not any(isinstance(c, BarContainer) and len(c) for c in ours.containers)  # no gain bar
+    labels = ours.get_legend_handles_labels()[1]
+    assert any("no effect expected" in label for label in labels)
+    (low, high), = errorbars(ours)
+    drawn = next(c for c in ours.containers if isinstance(c, ErrorbarContainer)).lines[0].get_ydata()[0]
+    assert low < drawn < high and drawn == pytest.approx(0.100 / 0.0877, rel=0.05)
+    assert "no effect expected" in fig._suptitle.get_text()
+
+
+def test_profile_time_is_per_step_and_rank_not_summed_over_ranks(paper):
+    from perfsuite.profiling.summary import merge_rank_summaries
+
+    ranks = [ProfileSummary("torch", [ProfileRow("forward", "nvtx", 0.5, 10),
+                                      ProfileRow("backward", "nvtx", 1.0, 10)], rank=r, steps=10,
+                            window_s=1.6) for r in (0, 1)]
+    merged = merge_rank_summaries(ranks)
+    fig = figures_profile.profile_figure([cell(world_size=2, profile=merged.to_dict())], paper)
+    total = sum(patch.get_width() for patch in fig.axes[1].patches)
+    assert total == pytest.approx(150.0)  # (0.5 + 1.0) s / 10 steps, one rank's step
+    assert "mean over ranks" in fig.axes[1].get_xlabel()
+
+
+def test_llm_series_on_one_dataset_get_their_own_colours(paper):
+    llm = [cell(workload="llm", strategy=s, dataset="alpaca", world_size=n, step_s=0.05 * n)
+           for s in ("lora", "qlora", "qat", "qat-lora", "dpo") for n in (1, 2)]
+    fig = figures_llm.llm_iteration_figure(llm, paper)
+    handles, labels = fig.axes[0].get_legend_handles_labels()
+    colours = {label: handle.lines[0].get_color() for handle, label in zip(handles, labels)}
+    assert len(colours) == 5 and len(set(colours.values())) == 5
+
+
+def test_a_run_whose_step_time_checks_all_skipped_is_not_called_green():
+    skipped = {"name": "step_time", "verdict": "skipped", "metric": "step_time",
+               "message": "no comparable baseline for this hardware"}
+    passed = {"name": "sanity.throughput", "verdict": "pass"}
+    page = html.render_html(run([cell(checks=[skipped, passed]),
+                                 cell(world_size=2, checks=[dict(skipped), passed])]), figures=[])
+    attention = section(page, "attention")
+    assert "no check failed or regressed" not in attention.lower()
+    assert "No step time was compared with a baseline: all 2 step_time check(s) were skipped" in attention
+    assert "2 comparison(s) could not be made" in attention  # the count stays
+
+
+def test_byte_counts_are_shown_in_binary_units():
+    rss = {"name": "peak_rss", "verdict": "same", "observed": 995_100_000, "expected": 1_041_000_000,
+           "ratio": 0.956, "ci_low": 0.956, "ci_high": 0.956, "tolerance": 0.6, "metric": "peak_rss",
+           "unit": "bytes", "baseline": "recorded run"}
+    sanity = {"name": "sanity.peak_rss", "verdict": "pass", "observed": 1_351_000_000}  # no unit
+    page = html.render_html(run([cell(checks=[rss, sanity], env={**CPU_ENV, "gpu_memory_bytes": 80 * 2**30})]),
+                            figures=[])
+    assert not re.search(r"\d\.\d+e\+0\d", page)
+    assert "949 MiB" in page and "992.8 MiB ±60%" in page and "1.258 GiB" in page and "80 GiB" in page
+
+
+def test_profiler_trace_is_written_after_the_timed_steps(tmp_path, monkeypatch):
+    import torch
+
+    from perfsuite.profiling.torch_profile import StepProfiler
+
+    finished, exported_after = [], []
+    real = torch.profiler.profile.export_chrome_trace
+    monkeypatch.setattr(torch.profiler.profile, "export_chrome_trace",
+                        lambda self, path, *a, **k: (exported_after.append(len(finished)),
+                                                     real(self, path, *a, **k))[1])
+    model = torch.nn.Linear(8, 8)
+    trace = tmp_path / "rank0.trace.json"
+    with StepProfiler("torch", wait=0, warmup=1, active=2, cuda=False, trace_path=trace) as prof:
+        for i in range(4):  # the loop a workload times, step by step
+            with prof.phase("forward"):
+                model(torch.randn(4, 8)).sum().backward()
+            prof.step()
+            assert exported_after == [], f"trace written inside timed step {i}"
+            finished.append(i)
+    assert exported_after == [4] and trace.is_file()
+    summary = prof.summary()
+    assert summary.steps == 2 and summary.meta["exported"] == "after the timed steps"
+
+
+def test_cells_link_to_their_files_and_the_table_sorts_and_filters(results, tmp_path):
+    ok = cell(checks=[])
+    profiled = cell(world_size=2, checks=[], profile={"source": "torch", "steps": 2, "rows": []})
+    skipped = cell(world_size=4, status="skipped", reason="needs 4 ranks")
+    for c in (ok, profiled):
+        c["dir"] = str(tmp_path / "cells" / c["id"])
+        Path(c["dir"]).mkdir(parents=True)
+        (Path(c["dir"]) / "output.log").write_text("log")
+        (Path(c["dir"]) / "result.json").write_text("{}")
+    (Path(profiled["dir"]) / "profile").mkdir()
+    (Path(profiled["dir"]) / "profile" / "rank0.trace.json").write_text("{}")
+    out = html.write_html_report(run([ok, profiled, skipped]), tmp_path / "report.html", figures=[])
+    page = out.read_text()
+    hrefs = re.findall(r'<a href="([^"#]+)"', page)
+    assert f"cells/{ok['id']}/output.log" in hrefs and f"cells/{ok['id']}/result.json" in hrefs
+    assert f"cells/{profiled['id']}/profile/rank0.trace.json" in hrefs
+    assert all((tmp_path / h).is_file() for h in hrefs)  # relative, and there
+    assert not any(skipped["id"] in h for h in hrefs)
+    assert 'class="sortable" id="cells-table"' in page and 'id="cell-filter"' in page
+    assert "addEventListener" in page and "<script src" not in page  # inline, nothing fetched
+    assert re.search(r'data-sort="100\.0"', page)  # numbers sort as numbers
+
+
+def test_each_cell_shows_what_changed_against_its_baseline(results):
+    page = html.render_html(results, figures=[])
+    detail = page[page.index("<h3>smoke/image/ddp-ds/c2/fp32/px32/pin/nchw"):]
+    detail = detail[:detail.index("</section>")]
+    assert "Against the baseline" in detail
+    table = Tables(detail).tables[0]
+    assert column(table, "check") == ["step_time"]
+    assert column(table, "ratio observed / baseline [interval]") == ["2 [1.8, 2.2] 95% CI"]
+    assert 'class="forest v-regressed"' in detail
+    cells_table = Tables(section(page, "cells")).tables[0]
+    assert "2× [1.8–2.2] regressed" in column(cells_table, "step time vs baseline")
+
+
+def test_junit_properties_carry_ratio_interval_and_baseline(results):
+    props = dict(junit_properties(results["cells"][5]))
+    assert props["perf.check.step_time"] == "regressed"
+    assert props["perf.check.step_time.ratio"] == 2.0
+    assert (props["perf.check.step_time.ci_low"], props["perf.check.step_time.ci_high"]) == (1.8, 2.2)
+    assert props["perf.check.step_time.baseline"] == "2503.15252 Table 2"
+    assert None not in props.values()
+
+
+XUNIT2 = {  # pytest's xunit2 (junit-10.xsd): allowed children and attributes
+    "testsuites": ({"testsuite"}, {"name", "time", "tests", "failures", "errors", "skipped"}),
+    "testsuite": ({"properties", "testcase", "system-out", "system-err"},
+                  {"name", "tests", "failures", "errors", "skipped", "time", "timestamp", "hostname",
+                   "id", "package", "file", "log", "url", "version", "disabled"}),
+    "properties": ({"property"}, set()),
+    "property": (set(), {"name", "value"}),
+    "testcase": ({"skipped", "error", "failure", "system-out", "system-err"},
+                 {"name", "classname", "time", "assertions", "status"}),
+    "skipped": (set(), {"message", "type"}), "error": (set(), {"message", "type"}),
+    "failure": (set(), {"message", "type"}), "system-out": (set(), set()), "system-err": (set(), set()),
+}
+
+
+def xunit2_problems(element, parent=None) -> list[str]:
+    children, attributes = XUNIT2.get(element.tag, (None, None))
+    if children is None:
+        return [f"<{element.tag}> not allowed in <{parent}>"]
+    problems = [f"<{element.tag}> attribute {a!r}" for a in element.attrib if a not in attributes]
+    for child in element:
+        if child.tag not in children:
+            problems.append(f"<{child.tag}> not allowed in <{element.tag}>")
+        problems += xunit2_problems(child, element.tag)
+    if element.tag == "testsuite" and [c.tag for c in element].count("properties") > 1:
+        problems.append("more than one <properties> in <testsuite>")
+    return problems
+
+
+CHEAP_CELL = "gate/image/ddp/g2/fp32/px224/nopin/nchw"  # skipped before any launch without GPUs
+
+
+@pytest.mark.parametrize("family", ["xunit2", "xunit1"])
+def test_junit_xml_of_a_perf_run_is_valid_for_its_family(pytester, family):
+    pytester.makepyfile("""
+        import pytest
+
+        @pytest.mark.perf(workload="image")
+        def test_cell(perf_cell, perf_result):
+            assert perf_result["status"] == "ok"
+    """)
+    xml = pytester.path / "junit.xml"
+    result = pytester.runpytest("--perf-cell", CHEAP_CELL, "--perf-out", str(pytester.path / "out"),
+                                "--perf-allow-no-gpu", f"--junitxml={xml}", "-o", f"junit_family={family}")
+    result.assert_outcomes(skipped=1)
+    root = ElementTree.parse(xml).getroot()
+    case = root.find("testsuite/testcase")
+    if family == "xunit2":
+        assert xunit2_problems(root) == []
+        props = {p.get("name"): p.get("value") for p in root.findall("testsuite/properties/property")}
+        assert props[f"perf[{CHEAP_CELL}].status"] == "skipped"
+        assert "needs 2 GPU" in props[f"perf[{CHEAP_CELL}].reason"]
+    else:
+        props = {p.get("name"): p.get("value") for p in case.findall("properties/property")}
+        assert props["perf.id"] == CHEAP_CELL and props["perf.status"] == "skipped"

@@ -1,0 +1,266 @@
+"""perfsuite doctor: this machine as it is, and GPU machines played on it
+(torch, NVML, statvfs and nsys answers replaced; never skipped)."""
+
+import gzip
+import json
+import os
+import struct
+import sys
+import time
+
+import pytest
+
+from perfsuite import doctor
+from perfsuite.cli import main
+
+GIB = 2**30
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def gpu_torch(count=4, cuda="12.8", **more):
+    return {"version": f"2.14.0+cu{cuda.replace('.', '')}", "cuda": cuda, "hip": None, "count": count,
+            "names": [H100] * count, "error": None, "nccl": "2.27.3", **more}
+
+
+def gpu_nvml(count=4, driver="570.86.10", cuda="12.8"):
+    return {"error": None, "count": count, "driver": driver, "cuda": cuda, "names": [H100] * count}
+
+
+@pytest.fixture
+def machine(monkeypatch, tmp_path):
+    """A 4-GPU machine with room everywhere and a working nsys; tests change one answer."""
+    state = {"torch": gpu_torch(), "nvml": gpu_nvml(), "shm": (16 * GIB, 16 * GIB),
+             "disk": (500e9, 200e9)}
+    monkeypatch.setattr(doctor, "_torch_facts", lambda: state["torch"])
+    monkeypatch.setattr(doctor, "_nvml_facts", lambda: state["nvml"])
+    monkeypatch.setattr(doctor, "_statvfs",
+                        lambda path: state["shm"] if path == "/dev/shm" else state["disk"])
+    monkeypatch.setenv("PERFSUITE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    fake_nsys(tmp_path, monkeypatch, "report")
+    return state
+
+
+def fake_nsys(tmp_path, monkeypatch, behaviour):
+    """An `nsys` on PATH: `report` writes <-o>.nsys-rep, `qdstrm` only a .qdstrm,
+    `fail` exits 1, `hang` sleeps (for the time limit)."""
+    bin_dir = tmp_path / "nsys-bin"
+    bin_dir.mkdir(exist_ok=True)
+    script = bin_dir / "nsys"
+    script.write_text(
+        f"#!{sys.executable}\n"
+        "import sys, time\n"
+        "out = sys.argv[sys.argv.index('-o') + 1]\n"
+        f"behaviour = {behaviour!r}\n"
+        "if behaviour == 'report': open(out + '.nsys-rep', 'wb').write(b'rep')\n"
+        "if behaviour == 'qdstrm': open(out + '.qdstrm', 'wb').write(b'raw')\n"
+        "if behaviour == 'fail': print('Error: no permission to collect'); sys.exit(1)\n"
+        "if behaviour == 'hang': time.sleep(60)\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("PERFSUITE_NSYS_BIN", raising=False)
+    return script
+
+
+def by_name(checks):
+    return {c.name: c for c in checks}
+
+
+def doctor_cli(capsys, *args):
+    code = main(["doctor", *args])
+    return code, capsys.readouterr().out
+
+
+# -- this machine, as it is --------------------------------------------------
+
+def test_gate_on_this_machine_says_whether_torch_sees_a_gpu_and_why(capsys):
+    code, out = doctor_cli(capsys, "--tier", "gate")
+    facts = doctor._torch_facts()
+    if facts.get("count"):
+        assert "torch sees no GPU" not in out
+        return
+    assert code == 1
+    (line,) = [line for line in out.splitlines() if line.startswith("BLOCKER  gpus")]
+    assert "torch sees no GPU: " in line and "Fix: " in line
+    if facts.get("cuda") is None:
+        assert "CPU-only build" in line
+    else:  # a CUDA build with no GPU in sight says what torch and NVML said
+        assert "torch says:" in line or "NVML" in line
+    assert "nothing blocks" not in out and "blocker(s): the gate tier cannot run here" in out
+    code, out = doctor_cli(capsys, "--tier", "smoke")
+    assert code == 0 and "the CPU tier needs no GPU" in out
+
+
+# -- GPU machines, played --------------------------------------------------------
+
+def test_a_healthy_gpu_machine_passes_the_gate_tier(machine, capsys):
+    code, out = doctor_cli(capsys, "--tier", "gate")
+    assert code == 0, out
+    assert "torch sees 4 GPU(s) (NVIDIA H100 80GB HBM3); NVML sees 4" in out
+    assert "NVIDIA driver 570.86.10 runs CUDA up to 12.8; torch's CUDA 12.8 fits" in out
+    assert "NCCL 2.27.3" in out and ".nsys-rep from a 1-second capture" in out
+    assert "WARN" not in out.upper().replace("WARNING", "") and "BLOCKER" not in out
+
+
+def test_a_driver_older_than_torchs_cuda_is_a_blocker_with_the_wheel_index(machine):
+    machine["torch"] = gpu_torch(count=0, cuda="13.0",
+                                 error="The NVIDIA driver on your system is too old (found version 12080)")
+    machine["nvml"] = gpu_nvml(driver="570.86.10", cuda="12.8")
+    checks = by_name(doctor.run_checks(tier="gate"))
+    assert checks["gpus"].status == doctor.BLOCKER
+    assert "too old" in checks["gpus"].message and "yet NVML sees 4" in checks["gpus"].message
+    assert "the driver runs CUDA up to 12.8, this torch needs 13.0" in checks["gpus"].message
+    driver = checks["driver"]
+    assert driver.status == doctor.BLOCKER and "cannot use the GPUs" in driver.message
+    assert "https://download.pytorch.org/whl/cu128" in driver.fix and "R580" in driver.fix
+
+
+def test_a_newer_cuda_minor_than_the_driver_warns():
+    check = doctor.check_driver(gpu_torch(cuda="12.8"), gpu_nvml(driver="560.35.03", cuda="12.6"), True)
+    assert check.status == doctor.WARN and "minor-version compatibility" in check.message
+    assert "whl/cu126" in check.fix
+    too_old = doctor.check_driver(gpu_torch(cuda="12.8"), gpu_nvml(driver="550.54.14", cuda="12.4"), True)
+    assert "12.6 or newer" in too_old.fix  # no current wheel index fits
+
+
+def test_a_cpu_only_torch_build_blocks_gpu_tiers_and_names_the_index(machine):
+    machine["torch"] = {"version": "2.14.0+cpu", "cuda": None, "hip": None, "count": 0, "names": [],
+                        "error": None, "nccl": None}
+    checks = by_name(doctor.run_checks(tier="full"))
+    assert checks["torch"].status == doctor.BLOCKER and "CPU-only build" in checks["torch"].message
+    assert "download.pytorch.org/whl/cu" in checks["torch"].fix
+    assert checks["gpus"].status == doctor.BLOCKER and "CPU-only build" in checks["gpus"].message
+    assert checks["nccl"].status == doctor.BLOCKER
+    smoke = by_name(doctor.run_checks(tier="smoke"))
+    assert {c.status for c in smoke.values()} == {doctor.OK}, smoke
+
+
+def test_no_driver_at_all_says_nvml_fails_to_load(machine, capsys):
+    machine["torch"] = gpu_torch(count=0, names=[], error="Found no NVIDIA driver on your system.")
+    machine["nvml"] = {"error": doctor._nvml_error(type("NVMLError_LibraryNotFound", (Exception,), {})(
+        "NVML Shared Library Not Found"))}
+    code, out = doctor_cli(capsys, "--tier", "gate")
+    assert code == 1
+    gpus = [line for line in out.splitlines() if " gpus " in line][0]
+    assert gpus.startswith("BLOCKER") and "Found no NVIDIA driver" in gpus
+    assert "NVML fails to load (NVML Shared Library Not Found): no NVIDIA driver here" in gpus
+    code, out = doctor_cli(capsys)  # no tier: nothing blocks, the lines say which tiers can run
+    assert code == 0 and "the GPU tiers (gate, full) cannot run here; the CPU tier (smoke) can" in out
+
+
+def test_torch_and_nvml_counts_that_differ_warn(machine, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    machine["torch"] = gpu_torch(count=2)
+    check = by_name(doctor.run_checks(tier="gate"))["gpus"]
+    assert check.status == doctor.WARN
+    assert "torch sees 2 GPU(s)" in check.message and "NVML sees 4" in check.message
+    assert "CUDA_VISIBLE_DEVICES='0,1' hides some" in check.message
+    assert "need more (up to 4) and will be skipped" in check.message
+
+
+def test_hidden_gpus_are_named_as_the_reason(machine, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    machine["torch"] = gpu_torch(count=0, names=[], error="No CUDA GPUs are available")
+    check = by_name(doctor.run_checks(tier="gate"))["gpus"]
+    assert check.status == doctor.BLOCKER and "CUDA_VISIBLE_DEVICES=''" in check.message
+    assert "unset CUDA_VISIBLE_DEVICES" in check.fix
+
+
+def test_small_dev_shm_warns_of_bus_errors(machine):
+    machine["shm"] = (64 * 2**20, 64 * 2**20)
+    check = by_name(doctor.run_checks(tier="gate"))["shm"]
+    assert check.status == doctor.WARN and "Bus error" in check.message and "--shm-size" in check.fix
+    assert by_name(doctor.run_checks(tier="smoke"))["shm"].status == doctor.OK
+
+
+def test_no_room_for_the_8b_checkpoint_blocks_gpu_tiers(machine, tmp_path):
+    machine["disk"] = (500e9, 5e9)
+    check = by_name(doctor.run_checks(tier="gate"))["disk"]
+    assert check.status == doctor.BLOCKER and "16 GB" in check.message
+    assert str(tmp_path / "cache") in check.message and "PERFSUITE_CACHE_DIR" in check.fix
+    assert by_name(doctor.run_checks(tier="smoke"))["disk"].status == doctor.OK
+    written = tmp_path / "cache" / doctor.LLM_CHECKPOINT_DIR
+    written.mkdir(parents=True)
+    (written / "model.pt").write_bytes(b"")
+    check = by_name(doctor.run_checks(tier="gate"))["disk"]
+    assert check.status == doctor.OK and "already there" in check.message
+
+
+@pytest.mark.parametrize("behaviour, expected", [
+    ("qdstrm", "QdstrmImporter"), ("fail", "exit 1 and no report"), ("hang", "did not end in 1 s")])
+def test_an_nsys_that_cannot_write_a_report_warns(machine, tmp_path, monkeypatch, behaviour, expected):
+    fake_nsys(tmp_path, monkeypatch, behaviour)
+    monkeypatch.setattr(doctor, "NSYS_TIMEOUT_S", 1.0)
+    started = time.monotonic()
+    check = doctor.check_nsys("gate")
+    assert time.monotonic() - started < 20
+    assert check.status == doctor.WARN and expected in check.message, check
+    assert "torch.profiler" in check.message
+    if behaviour == "fail":
+        assert "no permission to collect" in check.message
+
+
+def test_no_nsys_skips_the_capture(machine, monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    check = doctor.check_nsys("gate")
+    assert check.status == doctor.WARN and check.message.startswith("no nsys")
+    assert "capture test is skipped" in check.message
+    assert doctor.check_nsys("smoke").status == doctor.OK
+    monkeypatch.setenv("PERFSUITE_NSYS_BIN", str(tmp_path / "nowhere" / "nsys"))
+    check = doctor.check_nsys("gate")
+    assert "$PERFSUITE_NSYS_BIN=" in check.message and "names no executable" in check.message
+
+
+# -- MNIST --------------------------------------------------------------------
+
+def idx(path, dims, zipped=False, cut=0):
+    data = struct.pack(">BBBB", 0, 0, 0x08, len(dims)) + b"".join(struct.pack(">I", d) for d in dims)
+    count = 1
+    for d in dims:
+        count *= d
+    data += bytes(count - cut)
+    if zipped:
+        path = path.with_name(path.name + ".gz")
+        data = gzip.compress(data)
+    path.write_bytes(data)
+    return path
+
+
+def mnist_dir(root, test_labels=10, cut_train=0):
+    root.mkdir()
+    idx(root / "train-images-idx3-ubyte", (20, 28, 28), zipped=True, cut=cut_train)
+    idx(root / "train-labels-idx1-ubyte", (20,), zipped=True)
+    idx(root / "t10k-images-idx3-ubyte", (10, 28, 28))
+    idx(root / "t10k-labels-idx1-ubyte", (test_labels,))
+    return root
+
+
+def test_mnist_files_are_checked_without_reading_them_all(machine, tmp_path, capsys):
+    good = mnist_dir(tmp_path / "good")
+    check = doctor.check_mnist(good, "full", doctor._tier_cells("full"))
+    assert check.status == doctor.OK and "20 train, 10 test images" in check.message
+    bad = mnist_dir(tmp_path / "bad", test_labels=9, cut_train=5)
+    check = doctor.check_mnist(bad, "full", doctor._tier_cells("full"))
+    assert check.status == doctor.BLOCKER
+    assert "train-images-idx3-ubyte.gz" in check.message and "truncated" in check.message
+    assert "test: 10 images but 9 labels" in check.message
+    (good / "t10k-labels-idx1-ubyte").unlink()
+    code, out = doctor_cli(capsys, "--tier", "full", "--data-dir", str(good))
+    assert code == 1 and "t10k-labels-idx1-ubyte[.gz] missing" in out
+
+
+def test_mnist_is_needed_by_the_full_tier_only(machine):
+    assert doctor.check_mnist(None, "full", doctor._tier_cells("full")).status == doctor.BLOCKER
+    gate = doctor.check_mnist(None, "gate", doctor._tier_cells("gate"))
+    assert gate.status == doctor.OK and "bundled digits" in gate.message
+
+
+def test_json_output(machine, capsys):
+    machine["shm"] = (64 * 2**20, 64 * 2**20)
+    code, out = doctor_cli(capsys, "--tier", "gate", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["ok"] is True and data["tier"] == "gate"
+    assert data["blockers"] == 0 and data["warnings"] == 1
+    assert [c["name"] for c in data["checks"]] == ["torch", "gpus", "driver", "nccl", "nsys", "shm",
+                                                   "disk", "mnist"]
+    assert all(c["status"] in doctor.STATUSES for c in data["checks"])
