@@ -5,12 +5,20 @@ experiment names its paper source, a tier, fixed parameters and axes whose
 product yields cells. The same parameters reached from two experiments (say
 Table 2's FP32 row and Table 3's pin_memory=False row) are one cell with both
 sources, so a session measures it once.
+
+A cell's workload is a built-in name or a spec of one's own
+(``perfsuite.specs``): ``package.module:function``, an entry point of the
+group ``perfsuite.workloads``, or a pytest node id (a test run in every rank:
+``perfsuite.usercells``). Experiment files beyond the suite's own come from
+``$PERFSUITE_EXPERIMENTS`` and pytest's ini option ``perf_experiments``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -18,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import tomllib
+
+from perfsuite import specs
 
 TIERS = ("smoke", "gate", "full")
 WORKLOADS = ("image", "llm", "probe")
@@ -33,6 +43,13 @@ TF32_MODES = ("conv", "off", "all")
 DEVICES = ("cpu", "cuda")
 
 EXPERIMENTS_DIR = Path(__file__).parent / "experiments"
+EXPERIMENTS_ENV = "PERFSUITE_EXPERIMENTS"  # more experiment files or folders, os.pathsep-separated
+# What an experiment of a workload of the user's own need not spell out.
+USER_DEFAULTS = {"strategy": "", "device": "cpu", "world_size": 1, "precision": "fp32",
+                 "pin_memory": False, "dataset": "", "batch_size": 0}
+# A pytest test run as a cell (perfsuite.usercells): user/<node id>/<c|g><ranks>[/prof]
+USER_TIER = "user"
+_USER_ID = re.compile(r"user/(?P<test>.+::.+)/(?P<dev>[cg])(?P<ranks>[1-9]\d*)(?P<prof>/prof)?")
 
 
 class CellError(ValueError):
@@ -69,11 +86,12 @@ class Cell:
         problems = []
         if self.tier not in TIERS:
             problems.append(f"tier {self.tier!r} not in {TIERS}")
-        if self.workload not in WORKLOADS:
-            problems.append(f"workload {self.workload!r} not in {WORKLOADS}")
+        if self.workload not in WORKLOADS and specs.problem(self.workload):
+            problems.append(f"workload {self.workload!r} not in {WORKLOADS}, nor a spec of "
+                            f"one's own: {specs.problem(self.workload)}")
         strategies = {"image": IMAGE_STRATEGIES, "llm": LLM_TECHNIQUES,
-                      "probe": PROBE_STRATEGIES}.get(self.workload, ())
-        if self.strategy not in strategies:
+                      "probe": PROBE_STRATEGIES}.get(self.workload)
+        if strategies is not None and self.strategy not in strategies:
             problems.append(f"strategy {self.strategy!r} not in {strategies}")
         if self.device not in DEVICES:
             problems.append(f"device {self.device!r} not in {DEVICES}")
@@ -103,8 +121,16 @@ class Cell:
                      self.memory_format] + ([f"tf32-{self.tf32}"] if self.tf32 != "conv" else [])
         elif self.workload == "probe":
             parts = [ranks]
-        else:
+        elif self.workload == "llm":
             parts = [self.strategy, self.dataset, ranks, self.precision, pin]
+        elif specs.is_test(self.workload):  # its parameters are the test's own
+            return "/".join([USER_TIER, self.workload, ranks] + (["prof"] if self.profile else []))
+        else:  # a workload of one's own: what differs from the defaults, by name
+            parts = [self.strategy] if self.strategy else []
+            parts += [ranks, self.precision] + [
+                f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)
+                if f.name not in _OWN_ID_SKIPS
+                and getattr(self, f.name) != USER_DEFAULTS.get(f.name, f.default)]
         if self.profile:
             parts.append("prof")
         return "/".join([self.tier, self.workload, *parts])
@@ -140,6 +166,28 @@ class Cell:
         return self.id
 
 
+# Fields an id of a workload of one's own spells elsewhere, or not at all.
+_OWN_ID_SKIPS = {"tier", "workload", "strategy", "device", "world_size", "precision", "timeout_s",
+                 "profile", "sources", "min_accuracy"}
+
+
+def cell_of_test(test: str, world_size: int, device: str = "cpu", **params: Any) -> Cell:
+    """The cell of pytest test ``test`` (a node id) on ``world_size`` ranks."""
+    base = {**USER_DEFAULTS, "tier": "smoke" if device == "cpu" else "gate"}
+    return Cell(**{**base, **params, "workload": test, "device": device,
+                   "world_size": world_size})
+
+
+def cell_of_user_id(cell_id: str) -> Cell | None:
+    """The cell of a user test's id (``user/<node id>/c2``), as far as the id
+    says (the test's marker may also set its timeout); None for other ids."""
+    found = _USER_ID.fullmatch(cell_id)
+    if found is None or not specs.is_test(found["test"]):
+        return None
+    return cell_of_test(found["test"], int(found["ranks"]), "cpu" if found["dev"] == "c" else "cuda",
+                     profile=bool(found["prof"]))
+
+
 def _cells_of_experiment(exp: dict[str, Any], defaults: dict[str, Any], origin: str) -> list[Cell]:
     try:
         name, tier, workload = exp["name"], exp["tier"], exp["workload"]
@@ -147,6 +195,8 @@ def _cells_of_experiment(exp: dict[str, Any], defaults: dict[str, Any], origin: 
         raise CellError(f"{origin}: experiment lacks {missing}; every experiment needs "
                         "name, tier, workload") from None
     base = {**defaults.get(tier, {}).get(workload, {}), **exp.get("fixed", {})}
+    if workload not in WORKLOADS:  # one's own: the suite's axes need not be named
+        base = {**USER_DEFAULTS, **base}
     axes = exp.get("axes", {})
     source = exp.get("source", name)
     cells = []
@@ -160,9 +210,35 @@ def _cells_of_experiment(exp: dict[str, Any], defaults: dict[str, Any], origin: 
     return cells
 
 
+_added_experiments: list[Path] = []
+
+
+def experiment_paths() -> list[Path]:
+    """The suite's experiment files, then those of ``add_experiments`` and
+    ``$PERFSUITE_EXPERIMENTS`` (files, or folders of ``*.toml``)."""
+    given = [*_added_experiments,
+             *(Path(p) for p in os.environ.get(EXPERIMENTS_ENV, "").split(os.pathsep) if p)]
+    out = sorted(EXPERIMENTS_DIR.glob("*.toml"))
+    for path in given:
+        if not path.exists():
+            raise CellError(f"experiment file {path} does not exist (from ${EXPERIMENTS_ENV} or "
+                            "perf_experiments); fix the path")
+        for file in sorted(path.glob("*.toml")) if path.is_dir() else [path]:
+            if file.resolve() not in {p.resolve() for p in out}:
+                out.append(file)
+    return out
+
+
+def add_experiments(paths: Iterable[Path | str]) -> None:
+    """More experiment files for ``matrix()`` (pytest's ``perf_experiments``)."""
+    _added_experiments.extend(Path(p) for p in paths)
+    matrix.cache_clear()
+    findings.cache_clear()
+
+
 def load_matrix(paths: Iterable[Path] | None = None) -> dict[str, Cell]:
     """Every cell of the experiment files, keyed by id, sources merged."""
-    paths = sorted(EXPERIMENTS_DIR.glob("*.toml")) if paths is None else list(paths)
+    paths = experiment_paths() if paths is None else list(paths)
     matrix: dict[str, Cell] = {}
     for path in paths:
         try:
@@ -205,7 +281,7 @@ class Finding:
 
 def load_findings(paths: Iterable[Path] | None = None) -> list[Finding]:
     """Every ``[[finding]]`` of the experiment files, validated."""
-    paths = sorted(EXPERIMENTS_DIR.glob("*.toml")) if paths is None else list(paths)
+    paths = experiment_paths() if paths is None else list(paths)
     known = {f.name for f in dataclasses.fields(Cell)}
     out = []
     for path in paths:
@@ -234,10 +310,15 @@ def matrix() -> dict[str, Cell]:
 
 def select(tier: str | None = None, workload: str | None = None,
            ids: Iterable[str] = ()) -> list[Cell]:
-    """Cells of a tier/workload, or exactly the given ids (unknown ids raise)."""
+    """Cells of a tier/workload, or exactly the given ids (unknown ids raise).
+
+    An id of a user's pytest test (``user/<node id>/c2``) is its cell: such
+    cells live in test files, not in the matrix."""
     every = matrix()
     wanted = list(ids)
     if wanted:
+        every = {**every, **{i: c for i in wanted if i not in every
+                             for c in [cell_of_user_id(i)] if c is not None}}
         unknown = [i for i in wanted if i not in every]
         if unknown:
             raise CellError(f"unknown cell id(s) {unknown}; `perfsuite list --tier all` "

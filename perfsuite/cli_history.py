@@ -1,4 +1,5 @@
-"""``perfsuite history``: add, changes, show, detection (see perfsuite.history)."""
+"""``perfsuite history``: add, changes, show, detection (see perfsuite.history and
+perfsuite.history_changes)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 from pathlib import Path
 
 EXIT_OK, EXIT_REGRESSED, EXIT_USAGE = 0, 1, 2
-# As perfsuite.history has them (a test checks), without importing it here.
+# As perfsuite.history and history_changes have them (a test checks), without importing them here.
 DEFAULT_METRIC, DEFAULT_MAX_PVALUE, DEFAULT_WINDOW = "step_time", 0.0001, 20
 URL_HELP = ("history store: an SQLite file or any SQLAlchemy URL, e.g. postgresql://user@host/db "
             "(default .perfsuite/history.sqlite)")
@@ -60,7 +61,8 @@ def _change_lines(change) -> list[str]:
 
 
 def _cmd_changes(args: argparse.Namespace) -> int:
-    from perfsuite.history import History, HistoryError, find_changes, regressed_at_head
+    from perfsuite.history import History, HistoryError
+    from perfsuite.history_changes import find_changes, regressed_at_head
 
     if not 0 < args.max_pvalue < 1 or args.min_change < 0 or args.window < 2:
         return _fail("changes", ValueError("--max-pvalue must lie in (0, 1), --min-change >= 0, "
@@ -133,6 +135,25 @@ def _cmd_show(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    from perfsuite.history import HistoryError
+    from perfsuite.report.trends import write_trends_page
+
+    if not 0 < args.max_pvalue < 1 or args.window < 2:
+        return _fail("report", ValueError("--max-pvalue must lie in (0, 1), --window >= 2"))
+    cells = args.cell or None
+    try:
+        out, trends = write_trends_page(args.url, args.out, cells, args.metric or [DEFAULT_METRIC],
+                                        since=args.since, branch=args.branch,
+                                        max_pvalue=args.max_pvalue, window=args.window)
+    except (HistoryError, LookupError) as err:
+        return _fail("report", err)
+    changes = sum(len(t.changes) for t in trends)
+    print(f"trends: {out} ({len({t.cell for t in trends})} cell(s), {len(trends)} series, "
+          f"{changes} change point(s))")
+    return EXIT_OK
+
+
 def _cmd_detection(args: argparse.Namespace) -> int:
     from perfsuite import history_detection
 
@@ -189,6 +210,24 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--branch", metavar="NAME")
     p.add_argument("--url", help=URL_HELP)
     p.set_defaults(func=_cmd_show)
+
+    p = sub.add_parser("report", help="write the trends page: per cell and metric the values over "
+                                      "commits, change points marked, one series per hardware profile")
+    p.add_argument("--url", help=URL_HELP)
+    p.add_argument("--out", type=Path, metavar="PATH",
+                   help="the page (default: trends.html beside the SQLite store, "
+                        ".perfsuite/trends.html for the default one; else ./trends.html)")
+    p.add_argument("--cell", action="append", metavar="PATTERN",
+                   help="a cell id or a glob (smoke/image/*); repeat for more (default: every cell)")
+    p.add_argument("--metric", action="append", metavar="NAME",
+                   help=f"repeat for more (default {DEFAULT_METRIC})")
+    p.add_argument("--since", metavar="REF", help="only runs from this commit (or date YYYY-MM-DD) on")
+    p.add_argument("--branch", metavar="NAME", help="only runs of this branch")
+    p.add_argument("--max-pvalue", type=float, default=DEFAULT_MAX_PVALUE,
+                   help="as `history changes` (default %(default)s)")
+    p.add_argument("--window", type=int, default=DEFAULT_WINDOW, metavar="COMMITS",
+                   help="as `history changes` (default %(default)s)")
+    p.set_defaults(func=_cmd_report)
 
     p = sub.add_parser("detection", help="how often `history changes` finds a 7 %% step at its "
                                          "commit, a 1 %%-per-commit drift, and nothing in unchanged "

@@ -7,9 +7,10 @@ checkpoint, no MNIST for the full tier); a warning costs some cells, a
 profile or speed. Without ``--tier`` nothing is a blocker for lack of a
 GPU: the lines then say which tiers can run.
 
-Everything torch, NVML and nsys answer comes through ``_torch_facts``,
-``_nvml_facts``, ``_nsys_capture`` and ``_statvfs``, so the tests can play a
-GPU machine on a CPU one.
+Everything torch, NVML, the filesystems and nsys answer comes through
+``perfsuite.doctor_facts``, so the tests can play a GPU machine on a CPU
+one; why torch sees no GPU is ``hardware.why_no_gpu``'s answer, as for
+``perfsuite run`` and the pytest plugin.
 """
 
 from __future__ import annotations
@@ -17,21 +18,17 @@ from __future__ import annotations
 import gzip
 import math
 import os
-import shutil
-import signal
-import subprocess
-import sys
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from perfsuite import doctor_facts
 
 GPU_TIERS = ("gate", "full")
 SHM_MIN_BYTES = 1 << 30  # Docker's default /dev/shm is 64 MB
 LLM_8B_CHECKPOINT_BYTES = 16_100_000_000  # 8.03 G bf16 parameters, written once into the cache
 LLM_CHECKPOINT_DIR = Path("llm") / "checkpoints" / "llama3-8b-random-v1"  # perfsuite.workloads.llm_assets
 WHEEL_INDEXES = {(12, 6): "cu126", (12, 8): "cu128", (13, 0): "cu130"}  # download.pytorch.org/whl/<tag>
-NSYS_TIMEOUT_S = 120.0
 OK, WARN, BLOCKER = "ok", "warn", "BLOCKER"
 STATUSES = (OK, WARN, BLOCKER)
 
@@ -46,133 +43,6 @@ class Check:
     def line(self) -> str:
         fix = f". Fix: {self.fix}" if self.fix else ""
         return f"{self.status:<8} {self.name:<7} {self.message}{fix}"
-
-
-# -- what the machine answers (the tests replace these) ----------------------
-
-def _torch_facts() -> dict[str, Any]:
-    """torch's build and what it sees: version, CUDA build (None: CPU-only),
-    GPU count and names, why it sees none, NCCL version."""
-    try:
-        import torch
-    except Exception as err:  # noqa: BLE001 - a broken install is an answer too
-        return {"import_error": f"{type(err).__name__}: {err}"}
-    facts: dict[str, Any] = {"version": torch.__version__, "cuda": torch.version.cuda,
-                             "hip": getattr(torch.version, "hip", None), "count": 0,
-                             "names": [], "error": None, "nccl": None}
-    if facts["cuda"] is None:
-        return facts
-    try:
-        facts["count"] = torch.cuda.device_count()
-        if facts["count"]:
-            facts["names"] = [torch.cuda.get_device_name(i) for i in range(facts["count"])]
-        else:
-            torch.cuda.init()  # raises with torch's own reason ("Found no NVIDIA driver ...")
-    except Exception as err:  # noqa: BLE001
-        facts["error"] = str(err).strip() or type(err).__name__
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_nccl_available():
-            facts["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-    except Exception:  # noqa: BLE001 - no NCCL in this build
-        pass
-    return facts
-
-
-def _nvml_facts() -> dict[str, Any]:
-    """The driver's view through NVML (pynvml, from nvidia-ml-py): GPU count
-    and names, driver version, the newest CUDA it runs; or why NVML failed."""
-    try:
-        import pynvml
-    except ImportError as err:
-        return {"error": f"pynvml is not installed ({err}); install nvidia-ml-py"}
-    try:
-        pynvml.nvmlInit()
-    except Exception as err:  # noqa: BLE001
-        return {"error": _nvml_error(err)}
-    try:
-        text = lambda v: v.decode() if isinstance(v, bytes) else str(v)  # noqa: E731
-        count = pynvml.nvmlDeviceGetCount()
-        facts: dict[str, Any] = {
-            "error": None, "count": count, "driver": text(pynvml.nvmlSystemGetDriverVersion()),
-            "names": [text(pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)))
-                      for i in range(count)]}
-        try:
-            cuda = pynvml.nvmlSystemGetCudaDriverVersion_v2()
-        except Exception:  # noqa: BLE001 - older drivers: v1
-            cuda = pynvml.nvmlSystemGetCudaDriverVersion()
-        facts["cuda"] = f"{cuda // 1000}.{cuda % 1000 // 10}"
-        return facts
-    except Exception as err:  # noqa: BLE001
-        return {"error": _nvml_error(err)}
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass
-
-
-def _nvml_error(err: BaseException) -> str:
-    name, text = type(err).__name__, str(err)
-    if "LibraryNotFound" in name or "Library Not Found" in text:
-        return (f"NVML fails to load ({text}): no NVIDIA driver here (its libnvidia-ml.so.1 is "
-                "not installed, or not visible in this container)")
-    if "DriverNotLoaded" in name or "Driver Not Loaded" in text:
-        return f"NVML fails to load ({text}): the NVIDIA kernel driver is not loaded"
-    if "NoPermission" in name:
-        return f"NVML fails to load ({text}): no permission to the GPU device files (/dev/nvidia*)"
-    return f"NVML fails to load ({name}: {text})"
-
-
-def _statvfs(path: str) -> tuple[int, int]:
-    """(size, free to unprivileged users) of the filesystem holding ``path``, in bytes."""
-    st = os.statvfs(path)
-    return st.f_frsize * st.f_blocks, st.f_frsize * st.f_bavail
-
-
-def _nsys_binary() -> tuple[str | None, str]:
-    """The nsys that perfsuite would run ($PERFSUITE_NSYS_BIN, else PATH), or None and why."""
-    from perfsuite.profiling.nsys import NSYS_BIN_ENV
-
-    configured = os.environ.get(NSYS_BIN_ENV)
-    if configured:
-        found = shutil.which(configured) if os.path.sep not in configured else (
-            configured if os.path.isfile(configured) and os.access(configured, os.X_OK) else None)
-        return (os.path.abspath(found), "") if found else (
-            None, f"${NSYS_BIN_ENV}={configured!r} names no executable file")
-    found = shutil.which("nsys")
-    return (os.path.abspath(found), "") if found else (None, "no nsys on PATH")
-
-
-def _nsys_capture(binary: str, timeout: float | None = None) -> tuple[bool, str]:
-    """A 1-second capture of a Python that sleeps: (report written, what happened)."""
-    timeout = NSYS_TIMEOUT_S if timeout is None else timeout
-    with tempfile.TemporaryDirectory(prefix="perfsuite-doctor-nsys-") as tmp:
-        out = Path(tmp) / "doctor"
-        argv = [binary, "profile", "-o", str(out), "--force-overwrite", "true",
-                sys.executable, "-c", "import time; time.sleep(1)"]
-        try:
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    cwd=tmp, start_new_session=True)
-        except OSError as err:
-            return False, f"cannot start {binary}: {err}"
-        try:
-            output, _ = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # nsys and the python it started: their own session
-            proc.communicate()
-            return False, f"`nsys profile` of a 1-second Python did not end in {timeout:.0f} s"
-        tail = " | ".join(output.decode(errors="replace").strip().splitlines()[-3:])
-        reports = sorted(p.name for p in Path(tmp).iterdir()
-                         if p.name.endswith((".nsys-rep", ".qdrep", ".sqlite")))
-        if reports:
-            return True, f"wrote {reports[0]} from a 1-second capture"
-        if any(p.name.endswith(".qdstrm") for p in Path(tmp).iterdir()):
-            return False, ("left only a .qdstrm capture: this nsys install lacks its QdstrmImporter, "
-                           "so it cannot write reports")
-        return False, (f"exit {proc.returncode} and no report from a 1-second capture"
-                       + (f" ({tail})" if tail else ""))
 
 
 # -- the checks ---------------------------------------------------------------
@@ -215,29 +85,16 @@ def check_torch(torch: dict[str, Any], gpu_tier: bool) -> Check:
     return Check("torch", OK, f"torch {torch['version']}, built for CUDA {torch['cuda']}")
 
 
-def _no_gpu_reason(torch: dict[str, Any], nvml: dict[str, Any]) -> str:
+def _no_gpu_reason(torch: dict[str, Any]) -> str:
+    """Why torch sees no GPU: ``hardware.why_no_gpu`` where this torch is a
+    CUDA build it can ask."""
     if "import_error" in torch:
         return "torch cannot be imported"
     if torch.get("hip"):
         return f"this torch ({torch.get('version')}) is a ROCm build"
-    if torch.get("cuda") is None:
-        return f"this torch ({torch.get('version')}) is a CPU-only build"
-    why = []
-    if torch.get("error"):
-        why.append(f"torch says: {torch['error']}")
-    if nvml.get("error"):
-        why.append(nvml["error"])
-    elif nvml.get("count") == 0:
-        why.append("NVML sees no GPU either: the driver finds none")
-    elif nvml.get("count"):
-        why.append(f"yet NVML sees {nvml['count']} ({', '.join(nvml.get('names', []))})")
-        hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
-        if hidden is not None:
-            why.append(f"CUDA_VISIBLE_DEVICES={hidden!r} may hide them")
-        ours, theirs = _version(torch.get("cuda")), _version(nvml.get("cuda"))
-        if ours and theirs and ours[0] > theirs[0]:
-            why.append(f"the driver runs CUDA up to {nvml['cuda']}, this torch needs {torch['cuda']}")
-    return "; ".join(why) or "torch.cuda.device_count() is 0"
+    from perfsuite.hardware import why_no_gpu
+
+    return why_no_gpu() or "torch.cuda.device_count() is 0"
 
 
 def check_gpus(torch: dict[str, Any], nvml: dict[str, Any], tier: str | None,
@@ -247,7 +104,7 @@ def check_gpus(torch: dict[str, Any], nvml: dict[str, Any], tier: str | None,
     by_nvml = ("NVML: " + nvml["error"]) if nvml.get("error") else (
         f"NVML sees {nvml.get('count')}")
     if seen == 0:
-        reason = _no_gpu_reason(torch, nvml)
+        reason = _no_gpu_reason(torch)
         if tier == "smoke":
             return Check("gpus", OK, f"the CPU tier needs no GPU (torch sees none: {reason})")
         fix = ("run on a machine with NVIDIA GPUs and their driver (in a container: --gpus all "
@@ -319,14 +176,14 @@ def check_nccl(torch: dict[str, Any], gpu_tier: bool) -> Check:
 
 
 def check_nsys(tier: str | None) -> Check:
-    binary, why = _nsys_binary()
+    binary, why = doctor_facts.nsys_binary()
     note = "profile cells fall back to torch.profiler"
     if binary is None:
         status = OK if tier == "smoke" else WARN
         return Check("nsys", status, f"no nsys ({why}): {note}; the capture test is skipped",
                      "" if status == OK else "install Nsight Systems, or set $PERFSUITE_NSYS_BIN "
                                              "to its bin/nsys")
-    written, what = _nsys_capture(binary)
+    written, what = doctor_facts.nsys_capture(binary)
     if written:
         return Check("nsys", OK, f"{binary} {what}")
     return Check("nsys", OK if tier == "smoke" else WARN, f"{binary} {what}: {note}",
@@ -337,7 +194,7 @@ def check_nsys(tier: str | None) -> Check:
 def check_shm(tier: str | None) -> Check:
     path = "/dev/shm"
     try:
-        size, free = _statvfs(path)
+        size, free = doctor_facts.statvfs(path)
     except OSError as err:
         return Check("shm", WARN, f"{path}: cannot read its size ({err.strerror or err}); "
                                   "DataLoader workers share batches through it")
@@ -369,7 +226,7 @@ def check_disk(tier: str | None, cells: list) -> Check:
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     try:
-        _, free = _statvfs(str(existing))
+        _, free = doctor_facts.statvfs(str(existing))
     except OSError as err:
         return Check("disk", WARN, f"{cache}: cannot read free space ({err.strerror or err})")
     where = f"LLM cache {cache}: {free / 1e9:.1f} GB free"
@@ -464,7 +321,7 @@ def check_mnist(data_dir: Path | None, tier: str | None, cells: list) -> Check:
 
 def run_checks(tier: str | None = None, data_dir: Path | None = None) -> list[Check]:
     cells = _tier_cells(tier)
-    torch, nvml = _torch_facts(), _nvml_facts()
+    torch, nvml = doctor_facts.torch_facts(), doctor_facts.nvml_facts()
     gpu_tier = tier in GPU_TIERS
     return [check_torch(torch, gpu_tier), check_gpus(torch, nvml, tier, cells),
             check_driver(torch, nvml, gpu_tier), check_nccl(torch, gpu_tier), check_nsys(tier),

@@ -9,7 +9,7 @@ between-launch noise): the A/B sessions' ``ab.json`` under ``.perfsuite``
 (side A, and side B where it ran the same code), else the baselines'
 ``samples.json`` (per-launch samples), else a baseline's recorded
 ``launch_spread`` (a normal model of its log s.d.). Three figures, each on
-``series`` series, detected by the same ``history.find_changes``:
+``series`` series, detected by the same ``history_changes.find_changes``:
 
 - a 7 % step at the middle commit: found at that very commit (first bad);
 - unchanged code: any change point reported (a false alarm);
@@ -28,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from perfsuite.history import DEFAULT_MAX_PVALUE, DEFAULT_WINDOW, Point, find_changes
+from perfsuite.history import Point
+from perfsuite.history_changes import DEFAULT_MAX_PVALUE, DEFAULT_WINDOW, find_changes
 
 TARGETS = {"step": 19 / 20, "unchanged": 1 / 20, "drift": 16 / 20}
 DRIFT_COMMITS = 10

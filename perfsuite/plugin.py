@@ -4,6 +4,9 @@ Registered through the ``pytest11`` entry point. A test that takes the
 ``perf_cell`` fixture and carries ``@pytest.mark.perf(workload=...)`` is
 parametrised over the cells of the selected tier (or of ``--perf-cell``);
 ``perf_result`` runs its cell once per session and hands back the result.
+A test marked ``@pytest.mark.perf_ranks(N)`` is itself a cell: it runs in
+N ranks with ``perf_dist`` and ``perf_steps`` (``perfsuite.usercells``,
+``perfsuite.ranktest``), and its result is judged here like any cell's.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from perfsuite import cells as cells_mod  # stdlib and tomllib only: pytest_addoption's choices
+from perfsuite import usercells  # stdlib and pytest only
 
 if TYPE_CHECKING:  # the rest is imported in the functions that use it
     from perfsuite.runner import Runner
@@ -71,6 +75,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="inside a SLURM allocation: nodes from the job, torchrun via srun")
     group.addoption("--perf-option", action="append", default=[], metavar="KEY=VALUE",
                     help="workload option, e.g. llm_checkpoint_dir=/models/llama3-8b")
+    parser.addini("perf_experiments", type="paths", default=[],
+                  help="perfsuite: experiment files (or folders of them) of one's own workloads, "
+                       "added to the matrix (as $PERFSUITE_EXPERIMENTS)")
 
 
 def _session_runner(config: pytest.Config) -> Runner:
@@ -97,6 +104,10 @@ def _session_runner(config: pytest.Config) -> Runner:
             reporter.write_line(f"perfsuite: {line}")
 
     launch.on_progress = on_progress
+    # the ranks of a user test find it from the same root and ini file as this run
+    launch.env["PERFSUITE_PYTEST_ROOTDIR"] = str(config.rootpath)
+    if config.inipath is not None:
+        launch.env["PERFSUITE_PYTEST_INIFILE"] = str(config.inipath)
     out = get("--perf-out") or default_out_dir(config.rootpath)
     if get("--perf-repeats") < 1:
         raise pytest.UsageError("perfsuite: --perf-repeats must be at least 1")
@@ -107,7 +118,10 @@ def _session_runner(config: pytest.Config) -> Runner:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "perf(workload): a measured experiment cell")
+    config.addinivalue_line("markers", usercells.MARKER_HELP)
     try:
+        if config.getini("perf_experiments"):
+            cells_mod.add_experiments(config.getini("perf_experiments"))
         cells_mod.select(ids=config.getoption("--perf-cell"))
     except cells_mod.CellError as err:
         raise pytest.UsageError(str(err)) from None
@@ -132,7 +146,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     config = session.config
     allow_no_gpu = config.getoption("--perf-allow-no-gpu")
     measured = [item for item in session.items if "perf_cell" in getattr(item, "fixturenames", ())]
-    if not measured or config.option.collectonly or _xdist_worker(config):
+    if (not measured or config.option.collectonly or _xdist_worker(config)
+            or usercells.rank_session() is not None):  # a rank's pytest measures nothing itself
         return
     runner = session_runner(config)  # bad options are a usage error here
     from perfsuite.baselines import BaselineError
@@ -173,12 +188,17 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 def selected_cells(config: pytest.Config, workload: str | None) -> list[cells_mod.Cell]:
     ids = config.getoption("--perf-cell")
-    if ids:
-        return [c for c in cells_mod.select(ids=ids) if workload in (None, c.workload)]
+    if ids:  # a user test's cell runs only as that test
+        return [c for c in cells_mod.select(ids=ids) if workload in (None, c.workload)
+                and not usercells.specs.is_test(c.workload)]
     return cells_mod.select(tier=config.getoption("--perf-tier"), workload=workload)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if (metafunc.definition.get_closest_marker(usercells.MARKER) is not None
+            or any(name in metafunc.fixturenames for name in usercells.FIXTURES)):
+        usercells.parametrize(metafunc)  # the test itself is the cell
+        return
     if "perf_cell" not in metafunc.fixturenames:
         return
     marker = metafunc.definition.get_closest_marker("perf")
@@ -192,9 +212,59 @@ def perf_session(request: pytest.FixtureRequest) -> Runner:
     return session_runner(request.config)
 
 
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
+                                   items: list[pytest.Item]) -> None:
+    usercells.prepare(config, items)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """A user test's call in the pytest process: launch its cell (the body
+    runs in the ranks), then judge it as any cell."""
+    cell = usercells.cell_of(pyfuncitem)
+    if cell is None or usercells.rank_session() is not None:
+        return None
+    from perfsuite.judge import explain, failures
+
+    request = pyfuncitem.funcargs["request"]
+    result = judged_result(cell, session_runner(pyfuncitem.config), request)
+    if failures(result):
+        pytest.fail(f"{cell.id}:\n{explain(result)}", pytrace=False)
+    return True
+
+
+@pytest.fixture
+def perf_dist(request: pytest.FixtureRequest, perf_cell) -> Any:
+    """In a rank of a @pytest.mark.perf_ranks test: its process group, rank,
+    world size and device (``perfsuite.steps.Dist``)."""
+    return _in_rank(request).dist
+
+
+@pytest.fixture
+def perf_steps(perf_dist, request: pytest.FixtureRequest) -> Any:
+    """In a rank: ``for batch in perf_steps(iterable, warmup=3): ...`` times
+    each step with the suite's meter (``perfsuite.steps.Steps``)."""
+    return _in_rank(request).steps
+
+
+def _in_rank(request: pytest.FixtureRequest) -> Any:
+    session = usercells.rank_session()
+    if session is None:
+        pytest.fail(f"{request.node.nodeid}: perf_dist and perf_steps exist in the ranks of a "
+                    f"@pytest.mark.{usercells.MARKER} test, which the perfsuite plugin launches",
+                    pytrace=False)
+    return session
+
+
 @pytest.fixture
 def perf_result(perf_cell, perf_session: Runner, request) -> dict[str, Any]:
     """The measured result of this test's cell; skips or fails with the reason."""
+    return judged_result(perf_cell, perf_session, request)
+
+
+def judged_result(perf_cell: cells_mod.Cell, perf_session: Runner,
+                  request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The cell's judged result, reported with the test; skips or fails with the reason."""
     from perfsuite import report
 
     if _xdist_worker(request.config):
@@ -213,7 +283,7 @@ def perf_result(perf_cell, perf_session: Runner, request) -> dict[str, Any]:
     request.node.add_report_section("call", "perfsuite", report.cell_text(result))
     _record_in_benchmark(request, result)
     strict = request.config.getoption("--perf-fail-on-skipped")
-    if result["status"] == "skipped":
+    if result["status"] == "skipped" or _skipped_in_ranks(result):
         (pytest.fail if strict else pytest.skip)(f"{perf_cell.id}: {result['reason']}")
     if result["status"] != "ok":
         tail = result.get("output_tail", "")
@@ -226,6 +296,12 @@ def perf_result(perf_cell, perf_session: Runner, request) -> dict[str, Any]:
                     "(--perf-fail-on-skipped):\n" + "\n".join(
                         f"  {c['name']}: {c.get('message')}" for c in skipped), pytrace=False)
     return result
+
+
+def _skipped_in_ranks(result: dict[str, Any]) -> bool:
+    """A user test that called pytest.skip in its ranks."""
+    errors = [r.get("error") for r in result.get("ranks", []) if r.get("error")]
+    return bool(errors) and all(e.get("type") == "Skipped" for e in errors)
 
 
 def _record_in_benchmark(request: pytest.FixtureRequest, result: dict[str, Any]) -> None:

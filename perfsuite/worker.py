@@ -4,7 +4,10 @@
 
 It runs the cell's workload and writes ``rank<N>.json`` (a rank record) into
 the cell directory, also when the workload fails, so the launcher can report
-which rank failed and why.
+which rank failed and why. The workload is whatever the cell's spec names,
+found by one resolver (``perfsuite.specs``): a built-in name, a
+``module:function``, an entry point of ``perfsuite.workloads``, or a pytest
+test run here (``perfsuite.ranktest``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from perfsuite.agent import die_with_parent
 from perfsuite.cells import Cell
 from perfsuite.context import RankContext
 from perfsuite.fsutil import atomic_write_json
+from perfsuite.specs import resolve
 
 RECORD_SCHEMA = "perfsuite.rank/1"
 LAUNCHER_POLL_S = 0.5
@@ -112,6 +116,16 @@ def watch_launcher(environ: dict[str, str] | None = None) -> threading.Thread | 
     return thread
 
 
+def _end_process_group() -> None:
+    """A workload that left its process group up (one's own may): every rank
+    gets here, so they meet once more and end it."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def main(argv: list[str] | None = None) -> int:
     # First of all, before torch's seconds of imports: a rank ends with its
     # torchrun agent (or nsys), and with the launcher even where that is not
@@ -144,9 +158,14 @@ def main(argv: list[str] | None = None) -> int:
         if ctx.rank == 0:
             from perfsuite.hardware import fingerprint
             record["env"] = fingerprint()
-        workload = importlib.import_module(f"perfsuite.workloads.{cell.workload}")
+        run = resolve(cell.workload, importlib.import_module)
         record["workload_imported"] = time.time()
-        record.update(workload.run(cell, ctx))
+        measured = run(cell, ctx)
+        if not isinstance(measured, dict):
+            raise TypeError(f"workload {cell.workload!r} returned {type(measured).__name__}, not "
+                            "its record (a dict: metrics, steps, ...; perfsuite.steps.Steps.record())")
+        record.update(measured)
+        _end_process_group()
         record["status"] = "ok"
     except BaseException as err:  # noqa: BLE001 - the record must say what happened
         record["status"] = "error"

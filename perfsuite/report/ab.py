@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from perfsuite.fsutil import atomic_write_bytes, atomic_write_text
-from perfsuite.report.html import CSS, esc, td
+from perfsuite.report.formatting import esc, td
+from perfsuite.report.html import CSS
 from perfsuite.report.plotting import legend, new_figure, png_bytes
 
 SIDE_COLOURS = {"A": "#1f77b4", "B": "#d62728"}

@@ -1,8 +1,10 @@
 """pytester's in-process runs drop the modules they import when they end, and
-torch and pandas cannot be imported a second time into one process: import
-them here, once, before any in-process run."""
+torch, pandas and SQLAlchemy (a perf run adds itself to the history) cannot be
+imported a second time into one process: import them here, once, before any
+in-process run."""
 
 import pandas  # noqa: F401
+import sqlalchemy  # noqa: F401
 import torch  # noqa: F401
 
 import perfsuite.baselines  # noqa: F401

@@ -202,12 +202,13 @@ def test_sigpipe_default_only_for_the_console_entry_and_commands_that_launch_not
     assert signal.getsignal(signal.SIGPIPE) == before
 
     probe = ("import signal, sys\n"
-             "from perfsuite import cli\n"
+             "from perfsuite import cli, cli_ab, cli_results, cli_run, cli_selftest\n"
              "def seen(args):\n"
              "    print(sys.argv[1], signal.getsignal(signal.SIGPIPE) == signal.SIG_DFL)\n"
              "    return 0\n"
-             "for name in ('_cmd_list', '_cmd_compare', '_cmd_run', '_cmd_ab', '_cmd_detection'):\n"
-             "    setattr(cli, name, seen)\n"
+             "for module, name in ((cli, '_cmd_list'), (cli_results, 'cmd_compare'), (cli_run, 'cmd_run'),\n"
+             "                     (cli_ab, 'cmd_ab'), (cli_selftest, 'cmd_detection')):\n"
+             "    setattr(module, name, seen)\n"
              "sys.exit(cli.main())\n")
     _, env, root = _perfsuite()
     said = {}
@@ -301,6 +302,9 @@ def test_run_json_sends_progress_to_stderr_and_a_summary_to_stdout(tmp_path, cap
 
         def end(self):
             pass
+
+        def add_to_history(self, url):
+            return None  # nothing stored, no line to print
 
     monkeypatch.setattr(perfsuite.runner, "Runner", FakeRunner)
     monkeypatch.setattr(perfsuite.runner, "handle_sigterm", lambda: None)

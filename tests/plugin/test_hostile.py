@@ -220,11 +220,16 @@ def test_run_piped_into_a_reader_that_leaves_ends_quietly(tmp_path):
 
 
 def test_a_pytest_run_without_cells_keeps_its_sigterm_and_output(pytester):
+    # ... and pays nothing for the plugin: no measuring code imported
     pytester.makepyfile("""
 import signal
+import sys
 
 def test_plain():
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    heavy = [m for m in ("perfsuite.runner", "perfsuite.launch", "scipy", "pandas", "torch")
+             if m in sys.modules]
+    assert heavy == []
 """)
     result = pytester.runpytest_subprocess()
     result.assert_outcomes(passed=1)

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+import sqlalchemy  # noqa: F401 - before pytester's in-process perf runs: see tests/plugin/conftest.py
 
 from perfsuite.launch import LaunchOptions
 

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from perfsuite import ab, cli
+from perfsuite import ab, cli, cli_ab
 from perfsuite.launch import LaunchOptions
 from perfsuite.report.ab import ab_section_html
 from tests.unit.cellkit import tiny_image_cell
@@ -225,7 +225,7 @@ def test_an_interpreter_without_torch_and_perfsuite_is_refused(tmp_path, capsys)
 
 
 def test_tiers_select_their_cells_once_each():
-    chosen = cli._ab_cells(["smoke", SMOKE_CELL])
+    chosen = cli_ab._ab_cells(["smoke", SMOKE_CELL])
     assert len(chosen) == len({c.id for c in chosen}) and SMOKE_CELL in [c.id for c in chosen]
 
 

@@ -1,5 +1,6 @@
 """perfsuite doctor: this machine as it is, and GPU machines played on it
-(torch, NVML, statvfs and nsys answers replaced; never skipped)."""
+(torch, NVML, statvfs and nsys answers replaced; never skipped). Why torch
+sees no GPU is hardware.why_no_gpu's answer, asked of the played torch and NVML."""
 
 import gzip
 import json
@@ -7,10 +8,12 @@ import os
 import struct
 import sys
 import time
+import warnings
+from types import SimpleNamespace
 
 import pytest
 
-from perfsuite import doctor
+from perfsuite import doctor, doctor_facts, hardware
 from perfsuite.cli import main
 
 GIB = 2**30
@@ -26,15 +29,52 @@ def gpu_nvml(count=4, driver="570.86.10", cuda="12.8"):
     return {"error": None, "count": count, "driver": driver, "cuda": cuda, "names": [H100] * count}
 
 
+def played_nvml(nvml):
+    """pynvml as it answers on the played machine (``raised``: what nvmlInit raises)."""
+    def init():
+        if nvml.get("error"):
+            raise nvml.get("raised") or RuntimeError(nvml["error"])
+
+    major, minor = (int(x) for x in str(nvml.get("cuda") or "0.0").split("."))
+    return SimpleNamespace(nvmlInit=init, nvmlShutdown=lambda: None,
+                           nvmlSystemGetDriverVersion=lambda: nvml.get("driver"),
+                           nvmlSystemGetCudaDriverVersion=lambda: major * 1000 + minor * 10,
+                           nvmlDeviceGetCount=lambda: nvml.get("count"))
+
+
+def played_why_no_gpu(state, why_no_gpu):
+    """hardware.why_no_gpu asked of the played torch and NVML (torch says why
+    it sees no GPU as a warning, as torch.cuda.is_available does)."""
+    def ask():
+        import torch
+
+        facts = state["torch"]
+
+        def is_available():
+            if facts.get("error"):
+                warnings.warn(f"CUDA initialization: {facts['error']}", stacklevel=2)
+            return facts.get("count", 0) > 0
+
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(torch.cuda, "is_available", is_available)
+            m.setattr(torch.cuda, "device_count", lambda: facts.get("count", 0))
+            m.setattr(torch.version, "cuda", facts.get("cuda"))
+            m.setattr(torch, "__version__", facts.get("version"))
+            m.setitem(sys.modules, "pynvml", played_nvml(state["nvml"]))
+            return why_no_gpu()
+    return ask
+
+
 @pytest.fixture
 def machine(monkeypatch, tmp_path):
     """A 4-GPU machine with room everywhere and a working nsys; tests change one answer."""
     state = {"torch": gpu_torch(), "nvml": gpu_nvml(), "shm": (16 * GIB, 16 * GIB),
              "disk": (500e9, 200e9)}
-    monkeypatch.setattr(doctor, "_torch_facts", lambda: state["torch"])
-    monkeypatch.setattr(doctor, "_nvml_facts", lambda: state["nvml"])
-    monkeypatch.setattr(doctor, "_statvfs",
+    monkeypatch.setattr(doctor_facts, "torch_facts", lambda: state["torch"])
+    monkeypatch.setattr(doctor_facts, "nvml_facts", lambda: state["nvml"])
+    monkeypatch.setattr(doctor_facts, "statvfs",
                         lambda path: state["shm"] if path == "/dev/shm" else state["disk"])
+    monkeypatch.setattr(hardware, "why_no_gpu", played_why_no_gpu(state, hardware.why_no_gpu))
     monkeypatch.setenv("PERFSUITE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     fake_nsys(tmp_path, monkeypatch, "report")
@@ -75,7 +115,7 @@ def doctor_cli(capsys, *args):
 
 def test_gate_on_this_machine_says_whether_torch_sees_a_gpu_and_why(capsys):
     code, out = doctor_cli(capsys, "--tier", "gate")
-    facts = doctor._torch_facts()
+    facts = doctor_facts.torch_facts()
     if facts.get("count"):
         assert "torch sees no GPU" not in out
         return
@@ -108,8 +148,8 @@ def test_a_driver_older_than_torchs_cuda_is_a_blocker_with_the_wheel_index(machi
     machine["nvml"] = gpu_nvml(driver="570.86.10", cuda="12.8")
     checks = by_name(doctor.run_checks(tier="gate"))
     assert checks["gpus"].status == doctor.BLOCKER
-    assert "too old" in checks["gpus"].message and "yet NVML sees 4" in checks["gpus"].message
-    assert "the driver runs CUDA up to 12.8, this torch needs 13.0" in checks["gpus"].message
+    assert "too old" in checks["gpus"].message and "NVML sees 4 GPU(s)" in checks["gpus"].message
+    assert "the driver is older than the CUDA 13.0 this torch needs" in checks["gpus"].message
     driver = checks["driver"]
     assert driver.status == doctor.BLOCKER and "cannot use the GPUs" in driver.message
     assert "https://download.pytorch.org/whl/cu128" in driver.fix and "R580" in driver.fix
@@ -137,13 +177,14 @@ def test_a_cpu_only_torch_build_blocks_gpu_tiers_and_names_the_index(machine):
 
 def test_no_driver_at_all_says_nvml_fails_to_load(machine, capsys):
     machine["torch"] = gpu_torch(count=0, names=[], error="Found no NVIDIA driver on your system.")
-    machine["nvml"] = {"error": doctor._nvml_error(type("NVMLError_LibraryNotFound", (Exception,), {})(
-        "NVML Shared Library Not Found"))}
+    no_library = type("NVMLError_LibraryNotFound", (Exception,), {})("NVML Shared Library Not Found")
+    machine["nvml"] = {"error": doctor_facts.nvml_error(no_library), "raised": no_library}
     code, out = doctor_cli(capsys, "--tier", "gate")
     assert code == 1
     gpus = [line for line in out.splitlines() if " gpus " in line][0]
     assert gpus.startswith("BLOCKER") and "Found no NVIDIA driver" in gpus
-    assert "NVML fails to load (NVML Shared Library Not Found): no NVIDIA driver here" in gpus
+    assert ("NVML does not load (NVMLError_LibraryNotFound: NVML Shared Library Not Found): "
+            "no NVIDIA driver is visible here") in gpus
     code, out = doctor_cli(capsys)  # no tier: nothing blocks, the lines say which tiers can run
     assert code == 0 and "the GPU tiers (gate, full) cannot run here; the CPU tier (smoke) can" in out
 
@@ -190,7 +231,7 @@ def test_no_room_for_the_8b_checkpoint_blocks_gpu_tiers(machine, tmp_path):
     ("qdstrm", "QdstrmImporter"), ("fail", "exit 1 and no report"), ("hang", "did not end in 1 s")])
 def test_an_nsys_that_cannot_write_a_report_warns(machine, tmp_path, monkeypatch, behaviour, expected):
     fake_nsys(tmp_path, monkeypatch, behaviour)
-    monkeypatch.setattr(doctor, "NSYS_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(doctor_facts, "NSYS_TIMEOUT_S", 1.0)
     started = time.monotonic()
     check = doctor.check_nsys("gate")
     assert time.monotonic() - started < 20

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
-from perfsuite import cli, cli_history, history, history_detection
+from perfsuite import cli, cli_history, history, history_changes, history_detection, history_rows, history_schema
 from perfsuite.hardware import profile_id
 from perfsuite.history import History, HistoryError, record_run_in_history
 
@@ -73,7 +73,7 @@ def url_of(tmp_path):
 
 
 def rows(url, table):
-    engine = sa.create_engine(history.resolve_url(url))
+    engine = sa.create_engine(history_schema.resolve_url(url))
     with engine.connect() as conn:
         out = [dict(r) for r in conn.execute(sa.select(table)).mappings()]
     engine.dispose()
@@ -84,24 +84,24 @@ def test_a_run_is_kept_with_its_commit_profile_metrics_counters_and_verdicts(tmp
     run = write_run(tmp_path, "run1", started=1000.0, repeats=4)
     with History(url_of(tmp_path)) as store:
         added = store.add_run(run, commit="abc123", branch="main")
-        assert added.new and added.cells == 2 and store.version == history.SCHEMA_VERSION
-    [stored] = rows(url_of(tmp_path), history.runs)
+        assert added.new and added.cells == 2 and store.version == history_schema.SCHEMA_VERSION
+    [stored] = rows(url_of(tmp_path), history_schema.runs)
     assert stored["commit_sha"] == "abc123" and stored["branch"] == "main"
     assert stored["profile"] == profile_id(ENV) == "cpu-intel-xeon-avx512-bf16-2c"
     assert stored["started"] == 1000.0 and stored["fingerprint"]["hostname"] == "vm"
     assert stored["software"] == {"python": "3.11.7", "torch": "2.14.0+cu130", "perfsuite": "0.1.0",
                                   "platform": "Linux"}
-    cell = next(c for c in rows(url_of(tmp_path), history.cells) if c["cell"] == CELLS[0])
+    cell = next(c for c in rows(url_of(tmp_path), history_schema.cells) if c["cell"] == CELLS[0])
     assert cell["status"] == "ok" and cell["repeats"] == 4
     assert cell["counters"]["per_step"]["collectives/allreduce/calls"] == 2
     assert cell["verdicts"] == [{"name": "sanity.step_time_samples", "verdict": "pass", "metric": "step_time",
                                  "message": "ok"}]
-    metric = {(m["cell"], m["metric"]): m for m in rows(url_of(tmp_path), history.metrics)}
+    metric = {(m["cell"], m["metric"]): m for m in rows(url_of(tmp_path), history_schema.metrics)}
     step = metric[(CELLS[0], "step_time")]
     assert step["n"] == 11 and step["median"] == pytest.approx(0.1) and step["min"] == pytest.approx(0.0995)
     assert step["iqr"] == pytest.approx(0.0004) and step["launches"]["medians"] == pytest.approx([0.098, 0.1, 0.101, 0.103])
     assert metric[(CELLS[0], "loss")]["value"] is None  # a null metric is kept as null
-    assert history.run_value(step["value"], step["launches"]) == pytest.approx(0.1005)
+    assert history_rows.run_value(step["value"], step["launches"]) == pytest.approx(0.1005)
 
 
 def test_the_same_run_added_twice_is_kept_once(tmp_path):
@@ -112,7 +112,7 @@ def test_the_same_run_added_twice_is_kept_once(tmp_path):
         assert store.add_run(run, commit="abc").new
         again = store.add_run(copy / "results.json", commit="def")
     assert not again.new and again.stored_commit == "abc" and "kept once" in again.describe()
-    assert len(rows(url_of(tmp_path), history.runs)) == 1
+    assert len(rows(url_of(tmp_path), history_schema.runs)) == 1
 
 
 def test_an_unfinished_run_is_refused_with_the_reason(tmp_path, capsys):
@@ -130,7 +130,7 @@ def test_an_unfinished_run_is_refused_with_the_reason(tmp_path, capsys):
         (tmp_path / "other" / "results.json").write_text('{"schema": "something/2", "run": {"finished": 1}}')
         with pytest.raises(HistoryError, match="expected 'perfsuite.results/1'"):
             store.add_run(tmp_path / "other", commit="abc")
-    assert rows(url_of(tmp_path), history.runs) == []
+    assert rows(url_of(tmp_path), history_schema.runs) == []
     assert cli.main(["history", "add", str(unfinished), "--url", url_of(tmp_path), "--commit", "x"]) == 2
     assert "incomplete run" in capsys.readouterr().err
 
@@ -189,9 +189,9 @@ def test_two_processes_adding_at_once_both_land(tmp_path):
     runs = [write_run(tmp_path, f"run{i:03d}", started=100.0 + i) for i in range(10)]
     shared = runs[-1]  # both jobs add this one: it is kept once
     add_concurrently(url_of(tmp_path), [[*runs[0:5], shared], [*runs[5:9], shared]], tmp_path / "barrier")
-    stored = rows(url_of(tmp_path), history.runs)
+    stored = rows(url_of(tmp_path), history_schema.runs)
     assert sorted(r["started"] for r in stored) == [100.0 + i for i in range(10)]
-    assert len(rows(url_of(tmp_path), history.metrics)) == 10 * 2 * 3
+    assert len(rows(url_of(tmp_path), history_schema.metrics)) == 10 * 2 * 3
 
 
 V0_LAYOUT = """
@@ -214,15 +214,15 @@ def test_a_version_0_store_is_migrated_and_a_newer_one_refused(tmp_path):
     path = tmp_path / "v0.sqlite"
     with sqlite3.connect(path) as conn:
         conn.executescript(V0_LAYOUT)
-    assert sorted(history.MIGRATIONS) == list(range(history.SCHEMA_VERSION))
+    assert sorted(history_schema.MIGRATIONS) == list(range(history_schema.SCHEMA_VERSION))
     with History(path) as store:
-        assert store.version == history.SCHEMA_VERSION
+        assert store.version == history_schema.SCHEMA_VERSION
         [old] = store.all_runs()
         assert old["branch"] is None and old["software"] == {"torch": "2.1.0"}
         [[point]] = store.series(cell="smoke/a").values()
         assert (point.commit, point.value, point.profile) == ("old1", 0.25, "cpu-x-2c")
         assert store.add_run(write_run(tmp_path, "new", started=40.0), commit="new1").new
-    assert rows(path, history.meta) == [{"key": "schema_version", "value": str(history.SCHEMA_VERSION)}]
+    assert rows(path, history_schema.meta) == [{"key": "schema_version", "value": str(history_schema.SCHEMA_VERSION)}]
     with History(path) as store:  # opened again: nothing left to migrate
         assert len(store.all_runs()) == 2
     with sqlite3.connect(path) as conn:
@@ -321,10 +321,10 @@ def test_the_runners_hook_defaults_to_the_sqlite_file_under_perfsuite(tmp_path, 
     assert line.startswith("history: stored run ") and f"commit {'e' * 12} (ci)" in line
     assert (tmp_path / ".perfsuite" / "history.sqlite").exists()
     assert "already stored" in record_run_in_history(run, None)
-    assert history.resolve_url("postgresql://u@h/db").startswith("postgresql+")
-    assert history.resolve_url("sqlite:///x.db") == "sqlite:///x.db"
+    assert history_schema.resolve_url("postgresql://u@h/db").startswith("postgresql+")
+    assert history_schema.resolve_url("sqlite:///x.db") == "sqlite:///x.db"
     assert (cli_history.DEFAULT_METRIC, cli_history.DEFAULT_MAX_PVALUE, cli_history.DEFAULT_WINDOW) == (
-        history.DEFAULT_METRIC, history.DEFAULT_MAX_PVALUE, history.DEFAULT_WINDOW)
+        history.DEFAULT_METRIC, history_changes.DEFAULT_MAX_PVALUE, history_changes.DEFAULT_WINDOW)
 
 
 def ab_json(path, sessions=2, launches=12, seed=3):
@@ -413,7 +413,7 @@ def test_postgresql_store(tmp_path, postgres_url, capsys):
                       cells=CELLS[:1]) for i in range(16)]
     add_concurrently(postgres_url, [[*runs[:8], runs[15]], [*runs[8:15], runs[15]]], tmp_path / "barrier")
     with History(postgres_url, create=False) as store:
-        assert store.version == history.SCHEMA_VERSION and len(store.all_runs()) == 16
+        assert store.version == history_schema.SCHEMA_VERSION and len(store.all_runs()) == 16
         assert not store.add_run(runs[3]).new
         [points] = store.series(cell=CELLS[0]).values()
     assert [p.commit for p in points] == [f"c{i:03d}" for i in range(16)]

@@ -1,0 +1,437 @@
+"""The history's trends page (trends.html): per cell and metric, the values
+over commits, the change points marked, each hardware profile its own series.
+
+Read from a history store (``perfsuite.history.History``): one figure per
+cell and metric, x the commits in the order they were first measured (short
+sha labels), y the commit's value (``Point.value``: the median of its runs,
+a run's value the median of its launch medians when it was launched more
+than once) with the spread where the store has it as error bars (the range
+of the launch medians, or of the runs, of that commit; else the run's
+samples' IQR around the value). A change point found by Apache Otava's
+E-Divisive (``perfsuite.history_changes.find_changes``) is a vertical line
+at its first bad commit with its ratio and interval; each hardware profile
+is its own series (colour, marker) and a dash-dot line marks where the
+machine measuring the series changed. A table lists the changes (cell,
+metric, profile, last good, first bad, ratio [interval], work counters).
+
+The page is self-contained (figures as base64 PNG) and built from
+``templates/trends.html.j2`` with autoescaping on, reusing the run report's
+macros, CSS and table sorting. ``perfsuite history report`` writes it.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import os
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from perfsuite.fsutil import atomic_write_text
+from perfsuite.report.formatting import fmt, fmt_bytes, quantity, sort_key, utc_time
+
+TEMPLATES = Path(__file__).with_name("templates")
+DEFAULT_NAME = "trends.html"
+DEFAULT_METRICS = ("step_time",)
+PROFILE_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+REGRESSED_COLOUR, IMPROVED_COLOUR, HARDWARE_COLOUR = "#d62728", "#2ca02c", "#555555"
+MAX_TICKS = 40  # commit labels on one axis; more are thinned
+SHORT_SHA = 8
+
+
+@dataclass
+class Trend:
+    """One series of the page: a cell, a metric, a hardware profile."""
+
+    cell: str
+    metric: str
+    profile: str
+    points: list  # perfsuite.history.Point, in the order the commits were first measured
+    changes: list = field(default_factory=list)  # perfsuite.history_changes.Change
+    spreads: list = field(default_factory=list)  # per point: (low, high, kind) or None
+
+
+# ----------------------------------------------------------------------------- reading the store
+
+def _matching(history: Any, cells: Sequence[str] | None, metric: str, since: str | None,
+              branch: str | None) -> dict[tuple[str, str, str], list]:
+    if not cells:
+        return history.series(metric=metric, since=since, branch=branch)
+    out: dict[tuple[str, str, str], list] = {}
+    for pattern in cells:
+        out.update(history.series(cell=pattern, metric=metric, since=since, branch=branch))
+    return dict(sorted(out.items()))
+
+
+def _stored_spread(history: Any, metric: str) -> dict[tuple[int, str], tuple[float | None, list]]:
+    """(run id, cell) -> (IQR of the run's samples, its launch medians) of ``metric``."""
+    import sqlalchemy as sa
+
+    from perfsuite.history_schema import metrics as metrics_table
+
+    query = sa.select(metrics_table.c.run_id, metrics_table.c.cell, metrics_table.c.iqr,
+                      metrics_table.c.launches).where(metrics_table.c.metric == metric)
+    with history.engine.connect() as conn:
+        rows = conn.execute(query).all()
+    out = {}
+    for run_id, cell, iqr, launches in rows:
+        medians = [float(v) for v in (launches or {}).get("medians") or [] if _finite(v)]
+        out[(run_id, cell)] = (float(iqr) if _finite(iqr) else None, medians)
+    return out
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def point_spread(point: Any, cell: str, stored: dict) -> tuple[float, float, str] | None:
+    """The error bar of one commit: the range of its launch medians (a run
+    launched more than once) and of its runs' values (a commit measured more
+    than once), else the run's samples' IQR centred on the value, else None."""
+    spread: list[float] = []
+    launched = False
+    for run_id, value in zip(point.run_ids, point.values):
+        medians = stored.get((run_id, cell), (None, []))[1]
+        if len(medians) >= 2:
+            spread += medians
+            launched = True
+        else:
+            spread.append(value)
+    if len(spread) >= 2:
+        return min(spread), max(spread), "launches" if launched else "runs"
+    iqr = stored.get((point.run_ids[0], cell), (None, []))[0] if point.run_ids else None
+    if iqr is not None and iqr > 0:
+        return point.value - iqr / 2, point.value + iqr / 2, "iqr"
+    return None
+
+
+def read_trends(history: Any, cells: Sequence[str] | None = None,
+                metrics: Iterable[str] = DEFAULT_METRICS, *, since: str | None = None,
+                branch: str | None = None, max_pvalue: float | None = None,
+                window: int | None = None) -> list[Trend]:
+    """Every series of the given cells (ids or globs; None: all) and metrics,
+    with its change points and error bars."""
+    from perfsuite.history_changes import DEFAULT_MAX_PVALUE, DEFAULT_WINDOW, find_changes
+
+    trends = []
+    for metric in dict.fromkeys(metrics):
+        series = _matching(history, cells, metric, since, branch)
+        stored = _stored_spread(history, metric) if series else {}
+        for (cell, name, profile), points in series.items():
+            changes = find_changes(points, cell=cell, metric=name, profile=profile,
+                                   max_pvalue=max_pvalue or DEFAULT_MAX_PVALUE,
+                                   window=window or DEFAULT_WINDOW)
+            trends.append(Trend(cell, name, profile, points, changes,
+                                [point_spread(p, cell, stored) for p in points]))
+    return trends
+
+
+# ----------------------------------------------------------------------------- the figure
+
+def commit_order(trends: Sequence[Trend]) -> list[str]:
+    """The commits of one cell and metric over all profiles, in the order
+    they were first measured (the x axis)."""
+    first: dict[str, tuple[float, int]] = {}
+    for t in trends:
+        for k, p in enumerate(t.points):
+            stamp = (p.time if p.time is not None else math.inf, k)
+            if p.commit not in first or stamp < first[p.commit]:
+                first[p.commit] = stamp
+    return sorted(first, key=lambda c: first[c])
+
+
+def hardware_changes(trends: Sequence[Trend], order: Sequence[str]) -> list[tuple[int, list[str], list[str]]]:
+    """(x, profiles before, profiles from x on) wherever no profile that
+    measured the commit before x measured the commit at x: another machine."""
+    at: dict[str, set[str]] = {}
+    for t in trends:
+        for p in t.points:
+            at.setdefault(p.commit, set()).add(t.profile)
+    out = []
+    for x in range(1, len(order)):
+        before, now = at.get(order[x - 1], set()), at.get(order[x], set())
+        if before and now and not before & now:
+            out.append((x, sorted(before), sorted(now)))
+    return out
+
+
+def _scale(unit: str | None, values: list[float]) -> tuple[float, str]:
+    if unit == "s" and values and max(abs(v) for v in values) < 1:
+        return 1e3, "ms"
+    return 1.0, unit or ""
+
+
+def ratio_text(ratio: Any) -> str:
+    if ratio is None:
+        return "–"
+    high = "∞" if not math.isfinite(ratio.high) else f"{ratio.high:.3f}"
+    return f"×{ratio.estimate:.3f} [{ratio.low:.3f}, {high}]"
+
+
+def _ticks(order: Sequence[str], marked: Iterable[int]) -> list[int]:
+    step = max(1, math.ceil(len(order) / MAX_TICKS))
+    marked = sorted(set(marked))
+    ticks = set(marked)
+    for x in range(0, len(order), step):
+        if all(abs(x - m) * 2 >= step for m in marked):
+            ticks.add(x)
+    return sorted(ticks)
+
+
+def trend_figure(cell: str, metric: str, trends: Sequence[Trend]):
+    """One cell and metric: every profile's series over the commits."""
+    from matplotlib.lines import Line2D
+
+    from perfsuite.report.plotting import PALETTE, figure_legend, new_figure
+
+    order = commit_order(trends)
+    xs_of = {c: x for x, c in enumerate(order)}
+    unit = next((p.unit for t in trends for p in t.points if p.unit), None)
+    factor, shown_unit = _scale(unit, [p.value for t in trends for p in t.points])
+    width = min(16.0, max(8.0, 4.0 + 0.22 * len(order)))
+    fig, [ax] = new_figure(1, width, 4.2)
+    for i, t in enumerate(trends):
+        colour, marker = PALETTE[i % len(PALETTE)], PROFILE_MARKERS[i % len(PROFILE_MARKERS)]
+        xs = [xs_of[p.commit] for p in t.points]
+        ys = [p.value * factor for p in t.points]
+        # a solid line between neighbouring commits; a dotted one across commits
+        # measured only on other hardware (the series has a gap there)
+        for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+            ax.plot([x0, x1], [y0, y1], color=colour, linewidth=1.2,
+                    linestyle="-" if x1 - x0 == 1 else ":", zorder=2)
+        lows = [y - s[0] * factor if s else 0.0 for y, s in zip(ys, t.spreads)]
+        highs = [s[1] * factor - y if s else 0.0 for y, s in zip(ys, t.spreads)]
+        has_bars = any(t.spreads)
+        ax.errorbar(xs, ys, yerr=[lows, highs] if has_bars else None, fmt=marker, color=colour,
+                    markersize=5, capsize=2.5 if has_bars else 0, linewidth=0.9, zorder=3,
+                    label=t.profile)
+    extras = []
+    switches = hardware_changes(trends, order)
+    for x, _before, _after in switches:
+        ax.axvline(x - 0.5, color=HARDWARE_COLOUR, linestyle="-.", linewidth=1.2, zorder=1)
+    if switches:  # which machine took over, above the axes: nothing of the data is covered
+        top = ax.secondary_xaxis("top")
+        top.set_xticks([x - 0.5 for x, _, _ in switches],
+                       labels=[f"hardware → {', '.join(after)}" for _, _, after in switches],
+                       fontsize=7, color=HARDWARE_COLOUR, parse_math=False)
+        top.tick_params(length=0, pad=2)
+        extras.append(Line2D([], [], color=HARDWARE_COLOUR, linestyle="-.",
+                             label="another hardware profile from here"))
+    marked: dict[int, str] = {}
+    for k, change in enumerate(c for t in trends for c in t.changes):
+        x = xs_of[change.first_bad.commit]
+        colour = REGRESSED_COLOUR if change.direction == "regressed" else IMPROVED_COLOUR
+        marked[x] = colour
+        ax.axvline(x, color=colour, linestyle="--", linewidth=1.3, zorder=1)
+        label = ax.annotate(f"{change.direction} {ratio_text(change.ratio)}", (x, 0.97 - 0.09 * (k % 3)),
+                            xycoords=("data", "axes fraction"), xytext=(4, 0), textcoords="offset points",
+                            fontsize=7.5, ha="left", va="top", color=colour, parse_math=False,
+                            bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": colour, "alpha": 0.9})
+        label.set_in_layout(False)
+        first = "first bad" if change.direction == "regressed" else "first after"
+        extras.append(Line2D([], [], color=colour, linestyle="--", label=f"{change.direction}: {first} commit"))
+    for handle in {h.get_label(): h for h in extras}.values():
+        ax.add_line(handle)  # an empty line: only its legend entry shows
+    if marked:  # headroom for the change points' labels at the top
+        low, high = ax.get_ylim()
+        ax.set_ylim(low, high + 0.2 * (high - low))
+    ticks = _ticks(order, marked)
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([order[x][:SHORT_SHA] for x in ticks], rotation=90, fontsize=7,
+                       fontfamily="monospace", parse_math=False)
+    for x, label in zip(ticks, ax.get_xticklabels()):
+        if x in marked:  # the first bad commit's label in the change's colour
+            label.set_fontweight("bold")
+            label.set_color(marked[x])
+    ax.set_xlim(-0.7, max(len(order) - 0.3, 0.7))
+    ax.set_xlabel("commit, in the order first measured")
+    ax.set_ylabel(f"{metric} ({shown_unit})" if shown_unit else metric, parse_math=False)
+    ax.grid(axis="y", color="#e5e5e5", linewidth=0.6)
+    ax.set_title(f"{cell}  ·  {metric}", fontsize=10, fontfamily="monospace", parse_math=False)
+    figure_legend(fig, ncols=3)
+    return fig
+
+
+def trend_png(cell: str, metric: str, trends: Sequence[Trend]) -> bytes:
+    from perfsuite.report.plotting import png_bytes
+
+    return png_bytes(trend_figure(cell, metric, trends))
+
+
+# ----------------------------------------------------------------------------- the page
+
+def _commit(point: Any) -> dict[str, Any]:
+    from perfsuite.history import when
+
+    return {"short": point.commit[:12], "full": point.commit, "time": when(point.time),
+            "value": quantity(point.value, point.unit), "sort": sort_key(point.time)}
+
+
+def _change_row(change: Any, anchor: str) -> dict[str, Any]:
+    if change.counter_lines is None:
+        counters, counters_note = [], "not recorded on both runs"
+    elif not change.counter_lines:
+        counters, counters_note = [], "unchanged (the same work per step)"
+    else:
+        counters, counters_note = list(change.counter_lines), ""
+    ratio = change.ratio
+    return {"cell": change.cell, "anchor": anchor, "metric": change.metric, "profile": change.profile,
+            "direction": change.direction, "last_good": _commit(change.last_good),
+            "first_bad": _commit(change.first_bad),
+            "ratio": ratio_text(ratio) if ratio is not None else
+            f"{quantity(change.last_good.value, change.last_good.unit)} → "
+            f"{quantity(change.first_bad.value, change.first_bad.unit)}",
+            "ratio_sort": sort_key(ratio.estimate if ratio is not None else None),
+            "method": f"{ratio.confidence:.0%} {ratio.method}" if ratio is not None else "",
+            "pvalue": f"{change.pvalue:.2g}", "counters": counters, "counters_note": counters_note}
+
+
+def _figure(cell: str, metric: str, trends: list[Trend]) -> dict[str, Any]:
+    spreads = {s[2] for t in trends for s in t.spreads if s}
+    bars = {"launches": "the range of the commit's launch medians (and runs)",
+            "runs": "the range of the commit's runs", "iqr": "the run's step samples' IQR, centred"}
+    caption = ("Each commit's value (the median of its runs; a run launched more than once: "
+               "the median of its launch medians)"
+               + (f"; bars: {'; or '.join(bars[k] for k in bars if k in spreads)}" if spreads else "")
+               + ". Dashed lines: change points (Apache Otava E-Divisive) at the first bad commit, "
+               "with the ratio after / before and its interval; each hardware profile is its own "
+               "series, a dash-dot line where another machine took over, a dotted line across "
+               "commits a profile did not measure.")
+    out = {"metric": metric, "alt": f"{metric} of {cell} over commits", "caption": caption,
+           "data": None, "error": None,
+           "profiles": [{"name": t.profile, "commits": len(t.points), "changes": len(t.changes)}
+                        for t in trends]}
+    try:
+        out["data"] = base64.b64encode(trend_png(cell, metric, trends)).decode("ascii")
+    except Exception as err:  # noqa: BLE001 - one figure that cannot be drawn must not lose the page
+        out["error"] = f"{type(err).__name__}: {err}"
+    return out
+
+
+def trends_context(trends: list[Trend], *, store: str, metrics: Sequence[str],
+                   cells: Sequence[str] | None, settings: dict[str, Any]) -> dict[str, Any]:
+    """Plain values for templates/trends.html.j2."""
+    from perfsuite.history_changes import regressed_at_head
+
+    by_cell: dict[str, dict[str, list[Trend]]] = {}
+    for t in trends:
+        by_cell.setdefault(t.cell, {}).setdefault(t.metric, []).append(t)
+    anchors = {cell: f"cell-{i}" for i, cell in enumerate(by_cell)}
+    changes = [_change_row(c, anchors[t.cell]) for t in trends for c in t.changes]
+    series = []
+    for t in trends:
+        latest = t.points[-1]
+        series.append({"cell": t.cell, "anchor": anchors[t.cell], "metric": t.metric,
+                       "profile": t.profile, "commits": len(t.points),
+                       "first": t.points[0].commit[:12], "last": latest.commit[:12],
+                       "latest": quantity(latest.value, latest.unit), "latest_sort": sort_key(latest.value),
+                       "changes": len(t.changes), "at_head": regressed_at_head(t.changes)})
+    sections = [{"id": cell, "anchor": anchors[cell],
+                 "figures": [_figure(cell, metric, group) for metric, group in per_metric.items()]}
+                for cell, per_metric in by_cell.items()]
+    at_head = [s for s in series if s["at_head"]]
+    if not trends:
+        headline, level = "No series: the store holds no ok run of these cells and metrics.", "warn"
+    elif at_head:
+        headline, level = (f"{len(at_head)} series regressed at head (their newest change point "
+                           "is a regression)", "bad")
+    elif changes:
+        headline, level = f"{len(changes)} change point(s); none is a regression at head", "ok"
+    else:
+        headline, level = "No change point in any series", "ok"
+    return {"store": store, "written": utc_time(time.time()), "metrics": list(metrics),
+            "cells_filter": ", ".join(cells) if cells else "", "settings": settings,
+            "headline": headline, "level": level, "changes": changes, "series": series,
+            "sections": sections, "n_cells": len(by_cell), "profiles": sorted({t.profile for t in trends})}
+
+
+@lru_cache(maxsize=1)
+def _environment():
+    from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
+    env = Environment(loader=FileSystemLoader(str(TEMPLATES)), autoescape=True,
+                      undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters.update(fmt=fmt, quantity=quantity, bytes=fmt_bytes, sortkey=sort_key)
+    return env
+
+
+def render_trends(context: dict[str, Any]) -> str:
+    return _environment().get_template("trends.html.j2").render(**context)
+
+
+def default_out(url: str | os.PathLike | None) -> Path:
+    """trends.html beside the store's SQLite file (``.perfsuite/trends.html``
+    for the default store), else in the current directory."""
+    from perfsuite.history_schema import resolve_url, sqlite_file
+
+    path = sqlite_file(resolve_url(url))
+    return path.with_name(DEFAULT_NAME) if path is not None else Path(DEFAULT_NAME)
+
+
+def write_trends(url: str | os.PathLike | None, out_path: Path | str | None = None,
+                 cells: Sequence[str] | str | None = None,
+                 metrics: Sequence[str] | str = DEFAULT_METRICS, **options: Any) -> Path:
+    """Write the trends page of the history at ``url`` (None: the default
+    store, which must exist) to ``out_path`` (None: ``default_out``): the
+    given cells (ids or globs; None: all) and metrics. ``options``: since,
+    branch, max_pvalue, window (as ``perfsuite history changes`` has them).
+    Raises HistoryError when the store cannot be read, LookupError when
+    ``cells`` match no series (nothing is written then)."""
+    return write_trends_page(url, out_path, cells, metrics, **options)[0]
+
+
+def write_trends_page(url: str | os.PathLike | None, out_path: Path | str | None = None,
+                      cells: Sequence[str] | str | None = None,
+                      metrics: Sequence[str] | str = DEFAULT_METRICS, *, since: str | None = None,
+                      branch: str | None = None, max_pvalue: float | None = None,
+                      window: int | None = None) -> tuple[Path, list[Trend]]:
+    """``write_trends``, returning the series the page shows as well. Raises
+    LookupError, writing nothing, when ``cells`` match no series."""
+    from perfsuite.history import History
+    from perfsuite.history_changes import DEFAULT_MAX_PVALUE, DEFAULT_WINDOW
+    from perfsuite.history_schema import shown_url
+
+    cells = [cells] if isinstance(cells, str) else list(cells or []) or None
+    metrics = [metrics] if isinstance(metrics, str) else list(metrics or DEFAULT_METRICS)
+    out_path = Path(out_path) if out_path is not None else default_out(url)
+    settings = {"max_pvalue": max_pvalue or DEFAULT_MAX_PVALUE, "window": window or DEFAULT_WINDOW,
+                "since": since, "branch": branch}
+    with History(url, create=False) as history:
+        trends = read_trends(history, cells, metrics, since=since, branch=branch,
+                             max_pvalue=max_pvalue, window=window)
+        store = shown_url(history.url)
+    if cells and not trends:  # a name that matches nothing must not overwrite a page quietly
+        raise LookupError(f"no {', '.join(metrics)} history of {', '.join(cells)} "
+                          "(`perfsuite history show CELL` lists a cell's runs)")
+    page = render_trends(trends_context(trends, store=store, metrics=metrics, cells=cells,
+                                        settings=settings))
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out_path, page)
+    return out_path, trends
+
+
+# ----------------------------------------------------------------------------- the run report's link
+
+def trends_link(base: Path | str | None) -> dict[str, Any] | None:
+    """For a run's report.html written to ``base``: where the trends page of
+    the default history store (``.perfsuite/history.sqlite`` here) is,
+    relative to the page, and whether it has been written; None when there
+    is no such store."""
+    from perfsuite.history_schema import DEFAULT_PATH
+
+    if base is None:
+        return None
+    store = Path.cwd() / DEFAULT_PATH
+    if not store.is_file():
+        return None
+    page = store.with_name(DEFAULT_NAME)
+    href = Path(os.path.relpath(page, Path(base).resolve())).as_posix()
+    exists = page.is_file()
+    return {"href": quote(href), "exists": exists, "store": str(DEFAULT_PATH),
+            "page": str(DEFAULT_PATH.with_name(DEFAULT_NAME)),
+            "written": utc_time(page.stat().st_mtime) if exists else None}

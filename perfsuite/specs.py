@@ -1,0 +1,127 @@
+"""Workload specs: what a cell runs, found by one resolver in every rank.
+
+A cell's ``workload`` is one of
+
+- a built-in short name, ``image``, ``llm`` or ``probe``: the function
+  ``run`` of ``perfsuite.workloads.<name>`` (``BUILTIN``);
+- ``package.module:function``: a function of the user's project, imported
+  in the rank (the rank's working directory is the launcher's);
+- a name in the entry-point group ``perfsuite.workloads`` (``ENTRY_POINTS``):
+  a workload shipped as an installed package, ``name = "pkg.mod:function"``
+  under ``[project.entry-points."perfsuite.workloads"]``;
+- a pytest node id, ``tests/test_train.py::test_step`` (with the test's own
+  parameters, if any): the test itself runs in every rank
+  (``perfsuite.ranktest.run``; see ``perfsuite.usercells``).
+
+Each resolves to a function ``run(cell, ctx) -> dict``, called by
+``perfsuite.worker`` with the cell and the rank's ``RankContext``, returning
+the rank record's ``metrics``, ``steps``, ``counters`` and ``info`` (what
+``perfsuite.steps.Steps.record()`` builds). Standard library only: the
+plugin checks specs while collecting, where nothing heavy may be imported.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import re
+from collections.abc import Callable
+from typing import Any
+
+BUILTIN = {"image": "perfsuite.workloads.image:run", "llm": "perfsuite.workloads.llm:run",
+           "probe": "perfsuite.workloads.probe:run"}
+ENTRY_POINTS = "perfsuite.workloads"  # the entry-point group of installed workloads
+TEST_RUNNER = "perfsuite.ranktest:run"  # what a pytest node id resolves to
+
+_DOTTED = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
+_FUNCTION = re.compile(rf"{_DOTTED}:{_DOTTED}")
+_TEST = re.compile(r"[^:\s]+\.py(?:::[^:\s\[\]]+)+(?:\[.*\])?")
+_NAME = re.compile(r"[A-Za-z_][\w.-]*")
+
+
+class SpecError(ValueError):
+    """A workload spec that names nothing runnable."""
+
+
+@functools.lru_cache(maxsize=1)
+def entry_point_names() -> frozenset[str]:
+    """Names registered in the ``perfsuite.workloads`` entry-point group."""
+    from importlib.metadata import entry_points
+
+    return frozenset(ep.name for ep in entry_points(group=ENTRY_POINTS))
+
+
+def kind(spec: str) -> str | None:
+    """"builtin", "test", "function" or "entry point"; None for none of them."""
+    if spec in BUILTIN:
+        return "builtin"
+    if "::" in spec:
+        return "test" if _TEST.fullmatch(spec) else None
+    if ":" in spec:
+        return "function" if _FUNCTION.fullmatch(spec) else None
+    if _NAME.fullmatch(spec) and spec in entry_point_names():
+        return "entry point"
+    return None
+
+
+def is_test(spec: str) -> bool:
+    """A pytest node id: the cell runs that test itself in its ranks."""
+    return "::" in spec and kind(spec) == "test"
+
+
+def problem(spec: Any) -> str | None:
+    """Why ``spec`` is not a workload (None: it is one)."""
+    if not isinstance(spec, str) or not spec:
+        return f"workload {spec!r}: give a name"
+    if kind(spec) is not None:
+        return None
+    if "::" in spec:
+        return (f"workload {spec!r}: a pytest node id is path/to/test_file.py::test_name, "
+                "as pytest prints it")
+    if ":" in spec:
+        return f"workload {spec!r}: write package.module:function"
+    registered = sorted(entry_point_names())
+    return (f"workload {spec!r} is neither built in ({', '.join(BUILTIN)}) nor registered in "
+            f"the entry-point group {ENTRY_POINTS!r} ({', '.join(registered) or 'none installed'}); "
+            "or write package.module:function")
+
+
+def target(spec: str) -> str:
+    """The ``module:function`` a spec stands for (an entry point's value)."""
+    found = kind(spec)
+    if found == "builtin":
+        return BUILTIN[spec]
+    if found == "test":
+        return TEST_RUNNER
+    if found == "function":
+        return spec
+    if found == "entry point":
+        from importlib.metadata import entry_points
+
+        for ep in entry_points(group=ENTRY_POINTS):
+            if ep.name == spec:
+                return ep.value if ":" in ep.value else f"{ep.value}:run"  # a module: its run
+    raise SpecError(problem(spec))
+
+
+def resolve(spec: str, import_module: Callable[[str], Any] = importlib.import_module
+            ) -> Callable[..., dict[str, Any]]:
+    """The function ``run(cell, ctx)`` of a workload spec, imported."""
+    module_name, _, attr = target(spec).partition(":")
+    try:
+        module = import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name and module_name.startswith(err.name):  # the module itself, not one it imports
+            raise SpecError(f"workload {spec!r}: no module {module_name!r} here (the rank runs in "
+                            "the launcher's working directory; install the package or run from "
+                            "its folder)") from err
+        raise
+    found: Any = module
+    for part in attr.split("."):
+        try:
+            found = getattr(found, part)
+        except AttributeError:
+            raise SpecError(f"workload {spec!r}: {module_name} has no {attr!r}") from None
+    if not callable(found):
+        raise SpecError(f"workload {spec!r}: {module_name}:{attr} is not a function")
+    return found
