@@ -15,7 +15,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 from perfsuite import counters, launchstats, stats
-from perfsuite.baselines import CounterBaseline, Expectation, find_counters, find_expectations, load_all, norm
+from perfsuite.baseline_lookup import Expectation, find_counters, find_expectations
+from perfsuite.baselines import CounterBaseline, load_all, norm
 
 STATES = ("same", "regressed", "improved", "unknown", "pass", "fail", "skipped")
 FAILING = frozenset({"regressed", "fail"})

@@ -8,7 +8,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from perfsuite import stats
-from perfsuite.baselines import CounterBaseline, Expectation, run_cells, run_profile
+from perfsuite.baseline_lookup import Expectation
+from perfsuite.baselines import CounterBaseline, run_cells, run_profile
 from perfsuite.checks import (
     AccuracyAtLeast,
     PeakMemoryNotRegressed,

@@ -33,7 +33,8 @@ from typing import Any
 import numpy as np
 
 from perfsuite import cells, launchstats
-from perfsuite.baselines import find_counters, load_all
+from perfsuite.baseline_lookup import find_counters
+from perfsuite.baselines import load_all
 from perfsuite.fsutil import atomic_write_json
 from perfsuite.judge import judge, needs_more_launches
 from perfsuite.launch import LaunchOptions, run_cell

@@ -18,13 +18,11 @@ from .nsys import (
     nsys_profile_argv,
     nsys_stats_argv,
     rank_report_path,
-    read_nsys_csv,
     remember_import_failure,
     resolve_nsys,
     run_nsys_stats,
-    summarize_csvs,
-    summarize_path,
 )
+from .nsys_csv import read_nsys_csv, summarize_csvs, summarize_path
 from .summary import (
     CATEGORIES,
     H2D,

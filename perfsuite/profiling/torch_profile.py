@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
-from .nsys import canonical_memop
+from .nsys_csv import canonical_memop
 from .summary import H2D, ProfileRow, ProfileSummary, api_base_name
 
 PHASES = ("data", "forward", "backward", "optimizer", "comm")

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from perfsuite import checks as ck
-from perfsuite.baselines import Expectation
+from perfsuite.baseline_lookup import Expectation
 
 seconds = st.integers(1, 1_000_000).map(lambda i: i / 1000)
 samples = st.lists(seconds, min_size=5, max_size=30)

@@ -9,6 +9,7 @@ import pytest
 
 from perfsuite import baselines as bl
 from perfsuite import launchstats, recording
+from perfsuite.baseline_lookup import find_expectation, find_expectations, lookup
 from perfsuite.hardware import profile_id
 
 PAPER = Path(bl.__file__).resolve().parent.parent / "baselines" / "h100-sxm-94gb-x4-nvlink-paper"
@@ -121,20 +122,20 @@ def test_assumptions_are_recorded_on_the_rows_that_need_them(paper):
 
 def test_a_table2_cell_finds_its_rows(paper):
     params = image_params(world_size=2, precision="fp16")
-    rows = bl.lookup(paper.metrics, params)
+    rows = lookup(paper.metrics, params)
     assert set(rows["id"]) == {"t2-g2-fp16-total_time", "t2-g2-fp16-accuracy"}
 
 
 def test_a_cell_with_other_parameters_finds_nothing(paper):
-    assert bl.lookup(paper.metrics, image_params(image_size=224)).empty
-    assert bl.lookup(paper.metrics, image_params(max_steps=50)).empty
+    assert lookup(paper.metrics, image_params(image_size=224)).empty
+    assert lookup(paper.metrics, image_params(max_steps=50)).empty
     llm = {"workload": "llm", "device": "cuda", "strategy": "lora", "dataset": "alpaca",
            "world_size": 1, "precision": "fp32", "pin_memory": False, "batch_size": 2,
            "epochs": 1, "max_steps": 0, "lr": 3e-4, "lr_warmup_steps": 100}
-    assert len(bl.lookup(paper.metrics, llm)) == 2
-    assert bl.lookup(paper.metrics, {**llm, "precision": "bf16"}).empty  # the gate tier's
+    assert len(lookup(paper.metrics, llm)) == 2
+    assert lookup(paper.metrics, {**llm, "precision": "bf16"}).empty  # the gate tier's
     # A row keyed on a parameter the cell lacks never matches it.
-    assert bl.lookup(paper.metrics, {k: v for k, v in llm.items() if k != "lr"}).empty
+    assert lookup(paper.metrics, {k: v for k, v in llm.items() if k != "lr"}).empty
 
 
 def test_full_tier_cells_of_the_matrix_find_their_paper_rows(paper):
@@ -147,18 +148,18 @@ def test_full_tier_cells_of_the_matrix_find_their_paper_rows(paper):
         cells_of_table = [c for c in matrix.values() if source in c.sources]
         assert cells_of_table, f"no cells of {source} in the matrix"
         for cell in cells_of_table:
-            assert not bl.lookup(paper.metrics, cell.params(), "total_time").empty, cell.id
+            assert not lookup(paper.metrics, cell.params(), "total_time").empty, cell.id
 
 
 def test_repeated_paper_measurements_merge_and_widen_the_tolerance():
-    exp = bl.find_expectation(image_params(), "total_time", H100, sets=[bl.load_profile(PAPER)])
+    exp = find_expectation(image_params(), "total_time", H100, sets=[bl.load_profile(PAPER)])
     assert exp.value == pytest.approx((3721 + 3792) / 2)
     assert exp.tolerance == pytest.approx(0.10 + (3792 - 3721) / 2 / exp.value)
     assert exp.row_ids == ("t2-g1-fp32-total_time", "t3-g1-pinfalse-total_time")
 
 
 def test_absolute_metrics_need_the_same_profile(paper):
-    exp = bl.find_expectation(image_params(), "total_time", CPU, sets=[paper])
+    exp = find_expectation(image_params(), "total_time", CPU, sets=[paper])
     assert not exp.available
     assert "exist only in h100-sxm-94gb-x4-nvlink-paper" in exp.reason
 
@@ -166,7 +167,7 @@ def test_absolute_metrics_need_the_same_profile(paper):
 def test_ratios_compare_across_profiles_of_the_same_model(paper):
     params = image_params(world_size=2, precision="fp16")
     same_model = "h100-sxm-94gb-x2-pcie"
-    found = bl.find_expectations(params, "speedup", same_model, reference="precision=fp64",
+    found = find_expectations(params, "speedup", same_model, reference="precision=fp64",
                                  sets=[paper])
     assert [e.row_ids for e in found] == [("t2-g2-fp16-speedup-vs-fp64",),
                                           ("f-fp16-speedup-vs-fp64",)]
@@ -175,24 +176,24 @@ def test_ratios_compare_across_profiles_of_the_same_model(paper):
     # and GPU count, so the paper's ratios and findings judge it.
     for real in ("h100-80gb-hbm3-80gb-x4-nvlink", "h100-80gb-hbm3-80gb-x8-nvlink",
                  "h100-sxm5-94gb-94gb-x2-nvlink", "h100-80gb-hbm3-79gb-x1-unknown-link"):
-        found = bl.find_expectations(params, "speedup", real, reference="precision=fp64",
+        found = find_expectations(params, "speedup", real, reference="precision=fp64",
                                      sets=[paper])
         assert [e.row_ids for e in found] == [("t2-g2-fp16-speedup-vs-fp64",),
                                               ("f-fp16-speedup-vs-fp64",)], real
     # Other boards (PCIe, NVL: other clocks, power and links) and the H200 are not.
     for other_model in ("h100-pcie-80gb-x4-pcie", "h100-nvl-94gb-x2-nvlink",
                         "h200-140gb-x8-nvlink"):
-        other = bl.find_expectation(params, "speedup", other_model, reference="precision=fp64",
+        other = find_expectation(params, "speedup", other_model, reference="precision=fp64",
                                     sets=[paper])
         assert not other.available and "same hardware model" in other.reason, other_model
 
 
 def test_absolute_paper_numbers_need_the_papers_own_machine(paper):
     # the paper's 4x H100 SXM5 94GB as perfsuite names it: an alias of the folder
-    assert bl.find_expectation(image_params(), "total_time", "h100-sxm5-94gb-94gb-x4-nvlink",
+    assert find_expectation(image_params(), "total_time", "h100-sxm5-94gb-94gb-x4-nvlink",
                                sets=[paper]).available
     for other in ("h100-80gb-hbm3-80gb-x4-nvlink", "h100-sxm5-94gb-94gb-x2-nvlink"):
-        exp = bl.find_expectation(image_params(), "total_time", other, sets=[paper])
+        exp = find_expectation(image_params(), "total_time", other, sets=[paper])
         assert not exp.available and "same hardware profile" in exp.reason, other
 
 
@@ -201,13 +202,13 @@ def test_aliases_make_another_profile_id_match(paper, tmp_path):
     shutil.copytree(PAPER, folder)
     meta = json.loads((folder / "profile.json").read_text())
     (folder / "profile.json").write_text(json.dumps({**meta, "aliases": ["h100-94gb-x4-nvlink"]}))
-    exp = bl.find_expectation(image_params(), "total_time", "h100-94gb-x4-nvlink",
+    exp = find_expectation(image_params(), "total_time", "h100-94gb-x4-nvlink",
                               sets=[bl.load_profile(folder)])
     assert exp.available
 
 
 def test_accuracy_is_portable(paper):
-    exp = bl.find_expectation(image_params(world_size=4), "accuracy", CPU, sets=[paper])
+    exp = find_expectation(image_params(world_size=4), "accuracy", CPU, sets=[paper])
     assert exp.value == pytest.approx((0.9888 + 0.9920) / 2) and exp.better == "higher"
 
 
@@ -385,7 +386,7 @@ def test_a_baselines_root_that_does_not_exist_is_refused(tmp_path, monkeypatch):
         bl.load_all(missing)
     _root_message(str(err.value), missing)
     with pytest.raises(bl.BaselineError, match="does not exist"):  # find_expectation(s) read it too
-        bl.find_expectation(image_params(), "step_time", H100, root=missing)
+        find_expectation(image_params(), "step_time", H100, root=missing)
     monkeypatch.setenv("PERFSUITE_BASELINES", str(missing))
     with pytest.raises(bl.BaselineError, match=r"baselines root does not exist \(from \$PERFSUITE_BASELINES\)") as err:
         bl.load_all()
@@ -409,7 +410,7 @@ def test_an_installation_without_the_default_root_has_no_baselines(tmp_path, mon
     monkeypatch.setattr(bl, "PROJECT_BASELINES", tmp_path / "absent")
     assert bl.default_root() == tmp_path / "absent"
     assert bl.load_all() == []
-    exp = bl.find_expectation(image_params(), "step_time", H100)
+    exp = find_expectation(image_params(), "step_time", H100)
     assert not exp.available and "no baseline row matches" in exp.reason
     (tmp_path / "empty").mkdir()  # an empty root is a root without folders yet
     assert bl.load_all(tmp_path / "empty") == []
@@ -445,7 +446,7 @@ def test_record_writes_a_loadable_folder_with_samples(tmp_path):
     assert row["commit"] == "abc123" and "torch=2.14.0" in row["versions"] and row["fingerprint"]
     assert loaded.samples["smoke/a:step_time"] == [0.1, 0.11, 0.1, 0.12, 0.1]
     assert not list(plan.folder.glob(".*tmp"))
-    exp = bl.find_expectation(results["cells"][0]["params"], "step_time", CPU, root=tmp_path)
+    exp = find_expectation(results["cells"][0]["params"], "step_time", CPU, root=tmp_path)
     assert exp.samples == (0.1, 0.11, 0.1, 0.12, 0.1) and exp.baseline == CPU
     assert "added    smoke/a:step_time: 0.1\n" in plan.describe() and "nan" not in plan.describe()
 
@@ -505,7 +506,7 @@ def test_recorded_ratios_are_derived_from_two_cells(tmp_path):
     recording.record_run(run(cell_result("smoke/c1", [0.10] * 5, world_size=1),
                       cell_result("smoke/c2", [0.125] * 5, world_size=2)), root=tmp_path)
     params = cell_result("x", [1.0], world_size=2)["params"]
-    exp = bl.find_expectation(params, "speedup", CPU, reference="world_size=1", root=tmp_path)
+    exp = find_expectation(params, "speedup", CPU, reference="world_size=1", root=tmp_path)
     assert exp.value == pytest.approx((32 / 0.125) / (16 / 0.10))  # 1.6
     assert exp.better == "higher" and len(exp.row_ids) == 2
 
@@ -518,7 +519,7 @@ def test_the_launch_statistic_is_set_once_and_kept_by_later_recordings(tmp_path)
     recording.record_run(results, root=tmp_path)  # not given: kept
     loaded = bl.load_profile(first.folder)
     assert loaded.launch_statistic == "floor"
-    exp = bl.find_expectation(results["cells"][0]["params"], "step_time", CPU, root=tmp_path)
+    exp = find_expectation(results["cells"][0]["params"], "step_time", CPU, root=tmp_path)
     assert exp.launch_statistic == "floor"
     with pytest.raises(bl.BaselineError, match="launch statistic 'p5'"):
         recording.record_run(results, root=tmp_path, launch_statistic="p5")
@@ -536,7 +537,7 @@ def test_a_repeated_recording_keeps_the_spread_between_its_launches(tmp_path):
     assert "between-launch spread of launch medians" in plan.describe()
     saved = json.loads((plan.folder / "profile.json").read_text())["launch_spread"]
     assert saved["floor"] == {"log_sd": round(expected.log_sd, 5), "dof": 3}
-    exp = bl.find_expectation(cell["params"], "step_time", CPU, root=tmp_path)
+    exp = find_expectation(cell["params"], "step_time", CPU, root=tmp_path)
     assert exp.launch_spread == launchstats.LaunchSpread(round(expected.log_sd, 5), 3)
     single = recording.record_run(run(cell_result("smoke/b", [0.1] * 5)), root=tmp_path)
     assert not single.launch_spreads  # one launch shows no spread: the recorded one stays

@@ -10,7 +10,7 @@ import pytest
 from perfsuite import baselines as bl
 from perfsuite import checks as ck
 from perfsuite import launchstats, stats
-from perfsuite.baselines import Expectation
+from perfsuite.baseline_lookup import Expectation
 from perfsuite.comparing import compare_runs
 
 PAPER = Path(bl.__file__).resolve().parent.parent / "baselines" / "h100-sxm-94gb-x4-nvlink-paper"

@@ -7,6 +7,7 @@ import pytest
 
 from perfsuite import baselines as bl
 from perfsuite import counters, recording
+from perfsuite.baseline_lookup import find_counters
 from perfsuite.checks import WorkCountersUnchanged
 from perfsuite.comparing import compare_runs
 
@@ -65,7 +66,7 @@ def test_recorded_counters_judge_other_hosts_of_the_same_stack(tmp_path):
     sets = recorded(tmp_path, run(cell()))
     assert (tmp_path / "cpu-amd-epyc-avx2-2c" / "counters.json").exists()
     subject = cell(env=AVX512)  # another CPU: counts are not a property of the machine
-    found, why = bl.find_counters(subject["params"], AVX512, sets)
+    found, why = find_counters(subject["params"], AVX512, sets)
     assert found is not None and found.per_step == {k: float(v) for k, v in STEP.items()}
     same = WorkCountersUnchanged(found).evaluate(subject)
     assert same.verdict == "pass" and "5 counters per step equal" in same.message
@@ -78,12 +79,12 @@ def test_recorded_counters_judge_other_hosts_of_the_same_stack(tmp_path):
 def test_counters_of_another_stack_are_not_compared_and_say_what_to_do(tmp_path):
     sets = recorded(tmp_path, run(cell()))
     newer = {**AVX2, "torch": "2.15.0"}
-    found, why = bl.find_counters(cell()["params"], newer, sets)
+    found, why = find_counters(cell()["params"], newer, sets)
     assert found is None and "torch=2.14.0+cu130" in why and "torch=2.15.0" in why
     assert "perfsuite ab" in why
     verdict = WorkCountersUnchanged(found, why).evaluate(cell(env=newer))
     assert verdict.verdict == "skipped" and "perfsuite ab" in verdict.message
-    nothing = WorkCountersUnchanged(*bl.find_counters({"strategy": "dp"}, AVX2, sets))
+    nothing = WorkCountersUnchanged(*find_counters({"strategy": "dp"}, AVX2, sets))
     assert "no work counters recorded" in nothing.evaluate(cell()).message
 
 

@@ -12,15 +12,13 @@ from perfsuite.profiling import nsys
 from perfsuite.profiling.nsys import (
     NsysCsvError,
     NsysNotFoundError,
-    canonical_memop,
     choose_profiler,
     nsys_profile_argv,
     nsys_stats_argv,
     rank_report_path,
-    read_nsys_csv,
     stats_csv_paths,
-    summarize_path,
 )
+from perfsuite.profiling.nsys_csv import canonical_memop, read_nsys_csv, summarize_path
 from perfsuite.profiling.summary import (
     H2D,
     PAPER_METRICS,

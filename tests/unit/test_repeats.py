@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from perfsuite import baselines as bl
 from perfsuite import detection, recording
+from perfsuite.baseline_lookup import find_expectation
 from perfsuite.runner import Runner
 from tests.unit.cellkit import tiny_image_cell
 from tests.unit.conftest import CPU_ENV, FakeLaunches, no_baselines
@@ -47,7 +47,7 @@ def test_a_baseline_recorded_from_launches_judges_launch_by_launch(tmp_path, fak
     stored = json.loads((plan.folder / "samples.json").read_text())
     key = f"{cell.id}:step_time"
     assert len(stored[key]) == 4 and all(len(launch) == 20 for launch in stored[key])
-    exp = bl.find_expectation(cell.params(), "step_time", plan.folder.name,
+    exp = find_expectation(cell.params(), "step_time", plan.folder.name,
                               root=tmp_path / "baselines")
     assert len(exp.launches) == 4 and len(exp.samples) == 80
 

@@ -47,8 +47,13 @@ class DevTools:
         self._from_browser, from_browser_w = os.pipe()
 
         def give_pipes() -> None:  # the browser reads commands on fd 3, answers on fd 4
-            os.dup2(to_browser_r, 3)
-            os.dup2(from_browser_w, 4)
+            import fcntl
+
+            # moved above 9 first: a pipe end may itself be fd 3 or 4
+            read, write = (fcntl.fcntl(fd, fcntl.F_DUPFD, 10) for fd in (to_browser_r, from_browser_w))
+            for fd, target in ((read, 3), (write, 4)):
+                os.dup2(fd, target)  # dup2 leaves the target inheritable across exec
+                os.set_inheritable(target, True)
 
         args = [binary, "--headless=new", "--remote-debugging-pipe", "--disable-gpu",
                 "--no-first-run", "--no-default-browser-check", "--disable-extensions",

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from perfsuite.profiling.nsys import summarize_path
+from perfsuite.profiling.nsys_csv import summarize_path
 from perfsuite.profiling.summary import H2D, ProfileSummary, merge_rank_summaries
 from perfsuite.profiling.torch_profile import (
     PROFILE_DIR_ENV,
