@@ -214,8 +214,8 @@ _added_experiments: list[Path] = []
 
 
 def experiment_paths() -> list[Path]:
-    """The suite's experiment files, then those of ``add_experiments`` and
-    ``$PERFSUITE_EXPERIMENTS`` (files, or folders of ``*.toml``)."""
+    """The suite's experiment files, then those of ``set_added_experiments``
+    and ``$PERFSUITE_EXPERIMENTS`` (files, or folders of ``*.toml``)."""
     given = [*_added_experiments,
              *(Path(p) for p in os.environ.get(EXPERIMENTS_ENV, "").split(os.pathsep) if p)]
     out = sorted(EXPERIMENTS_DIR.glob("*.toml"))
@@ -229,9 +229,10 @@ def experiment_paths() -> list[Path]:
     return out
 
 
-def add_experiments(paths: Iterable[Path | str]) -> None:
-    """More experiment files for ``matrix()`` (pytest's ``perf_experiments``)."""
-    _added_experiments.extend(Path(p) for p in paths)
+def set_added_experiments(paths: Iterable[Path | str]) -> None:
+    """The experiment files ``matrix()`` reads beyond the suite's own and
+    ``$PERFSUITE_EXPERIMENTS`` (pytest's ``perf_experiments``, for a session)."""
+    _added_experiments[:] = [Path(p) for p in paths]
     matrix.cache_clear()
     findings.cache_clear()
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from perfsuite import cells as cells_mod  # stdlib and tomllib only: pytest_addoption's choices
-from perfsuite import usercells  # stdlib and pytest only
+from perfsuite import specs, usercells  # stdlib and pytest only
 
 if TYPE_CHECKING:  # the rest is imported in the functions that use it
     from perfsuite.runner import Runner
@@ -120,8 +120,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "perf(workload): a measured experiment cell")
     config.addinivalue_line("markers", usercells.MARKER_HELP)
     try:
-        if config.getini("perf_experiments"):
-            cells_mod.add_experiments(config.getini("perf_experiments"))
+        if config.getini("perf_experiments"):  # this session's, until its end
+            cells_mod.set_added_experiments(config.getini("perf_experiments"))
+            config.add_cleanup(lambda: cells_mod.set_added_experiments([]))
         cells_mod.select(ids=config.getoption("--perf-cell"))
     except cells_mod.CellError as err:
         raise pytest.UsageError(str(err)) from None
@@ -190,7 +191,7 @@ def selected_cells(config: pytest.Config, workload: str | None) -> list[cells_mo
     ids = config.getoption("--perf-cell")
     if ids:  # a user test's cell runs only as that test
         return [c for c in cells_mod.select(ids=ids) if workload in (None, c.workload)
-                and not usercells.specs.is_test(c.workload)]
+                and not specs.is_test(c.workload)]
     return cells_mod.select(tier=config.getoption("--perf-tier"), workload=workload)
 
 
@@ -287,8 +288,10 @@ def judged_result(perf_cell: cells_mod.Cell, perf_session: Runner,
         (pytest.fail if strict else pytest.skip)(f"{perf_cell.id}: {result['reason']}")
     if result["status"] != "ok":
         tail = result.get("output_tail", "")
+        where = _where_ranks_were(result)
         pytest.fail(f"{perf_cell.id}: {result['status']}: {result['reason']}\n"
-                    f"--- output tail ({result.get('dir')}/output.log) ---\n{tail}",
+                    + (f"--- where the ranks were: {where}\n" if where else "")
+                    + f"--- output tail ({result.get('dir')}/output.log) ---\n{tail}",
                     pytrace=False)
     skipped = [c for c in result.get("checks", []) if c["verdict"] == "skipped"]
     if strict and skipped:
@@ -296,6 +299,15 @@ def judged_result(perf_cell: cells_mod.Cell, perf_session: Runner,
                     "(--perf-fail-on-skipped):\n" + "\n".join(
                         f"  {c['name']}: {c.get('message')}" for c in skipped), pytrace=False)
     return result
+
+
+def _where_ranks_were(result: dict[str, Any]) -> str | None:
+    """"rank 0 step 3/7 (train); rank 1 ...": each rank's last step, from its progress file."""
+    if not result.get("dir"):
+        return None
+    from perfsuite.diagnose import ProgressWatch
+
+    return ProgressWatch(result["dir"]).line()
 
 
 def _skipped_in_ranks(result: dict[str, Any]) -> bool:

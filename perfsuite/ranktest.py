@@ -23,6 +23,7 @@ prints goes to the cell's ``output.log``, prefixed with its rank.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,7 @@ class RankSession:
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
         report = yield
         if call.excinfo is not None and (report.failed or report.skipped) and self.failure is None:
-            self.failure = call.excinfo.value
+            self.failure = _from_test(call.excinfo.value, Path(item.path))
         if report.when == "call" and report.passed:
             self.passed = True
         return report
@@ -62,13 +63,27 @@ class RankSession:
             self.errors.append(report.longreprtext)
 
 
+def _from_test(err: BaseException, path: Path) -> BaseException:
+    """``err`` with its traceback from the test file's first frame on: the
+    rank's record and output show the test, not pytest's machinery."""
+    tb = err.__traceback__
+    while tb is not None and Path(tb.tb_frame.f_code.co_filename) != path:
+        tb = tb.tb_next
+    return err.with_traceback(tb) if tb is not None else err
+
+
 def pytest_args(cell: Any, environ: dict[str, str] | None = None) -> list[str]:
-    """The rank's pytest command line for the cell's test."""
+    """The rank's pytest command line for the cell's test. Hypothesis's
+    plugin is left out too: its end of session imports hypothesis (2 s in a
+    rank on the 2-core machine), and a measured test draws no examples."""
     env = os.environ if environ is None else environ
     root = Path(env.get(ROOTDIR_ENV) or os.getcwd())
-    args = [str(root / cell.workload), "--rootdir", str(root), "-p", "no:cacheprovider",
-            "-p", "no:faulthandler", "-p", "no:xdist", "-o", "addopts=", "-q", "-s",
-            "--no-header", "--tb=short", "-W", "ignore::pytest.PytestAssertRewriteWarning"]
+    test = re.sub(r"\[.*\]$", "", cell.workload)  # the function: its items carry c2 too
+    args = [str(root / test), "--rootdir", str(root), "-p", "no:cacheprovider",
+            "-p", "no:faulthandler", "-p", "no:unraisableexception", "-p", "no:xdist",
+            "-p", "no:hypothesispytest",
+            "-o", "addopts=", "-q", "-s", "--no-header", "--tb=short",
+            "-W", "ignore::pytest.PytestAssertRewriteWarning"]
     if env.get(INIFILE_ENV):
         args += ["-c", env[INIFILE_ENV]]
     return args
@@ -77,6 +92,12 @@ def pytest_args(cell: Any, environ: dict[str, str] | None = None) -> list[str]:
 def run(cell: Any, ctx: Any) -> dict[str, Any]:
     """Run the cell's test in this rank; the measured part of its record."""
     global CURRENT
+    # Imported before pytest starts: pytest rewrites the asserts of every module
+    # of a plugin's distribution imported after, perfsuite's too (seconds a rank).
+    import perfsuite.plugin  # noqa: F401
+    from perfsuite.steps import measuring_modules
+
+    measuring_modules()
     session = RankSession(cell, Dist.start(cell, ctx), Steps(cell, ctx))
     os.environ.pop("PYTEST_ADDOPTS", None)
     CURRENT = session

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 import re
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -104,14 +106,34 @@ def target(spec: str) -> str:
     raise SpecError(problem(spec))
 
 
+def _is_module_of(err: ModuleNotFoundError, name: str) -> bool:
+    """The missing module is ``name`` or a package of it (not one it imports)."""
+    return bool(err.name) and (name == err.name or name.startswith(f"{err.name}."))
+
+
+def _import(name: str, import_module: Callable[[str], Any]) -> Any:
+    """``import_module(name)``; a module of the project the launcher runs in
+    is also found where the interpreter does not look first (``python -m``
+    under ``PYTHONSAFEPATH``, as ``perfsuite ab`` starts its sides): the
+    working directory, after everything installed."""
+    try:
+        return import_module(name)
+    except ModuleNotFoundError as err:
+        cwd = os.getcwd()
+        if not _is_module_of(err, name) or cwd in sys.path:
+            raise
+        sys.path.append(cwd)
+        return import_module(name)
+
+
 def resolve(spec: str, import_module: Callable[[str], Any] = importlib.import_module
             ) -> Callable[..., dict[str, Any]]:
     """The function ``run(cell, ctx)`` of a workload spec, imported."""
     module_name, _, attr = target(spec).partition(":")
     try:
-        module = import_module(module_name)
+        module = _import(module_name, import_module)
     except ModuleNotFoundError as err:
-        if err.name and module_name.startswith(err.name):  # the module itself, not one it imports
+        if _is_module_of(err, module_name):  # the module itself, not one it imports
             raise SpecError(f"workload {spec!r}: no module {module_name!r} here (the rank runs in "
                             "the launcher's working directory; install the package or run from "
                             "its folder)") from err

@@ -35,6 +35,14 @@ from typing import Any
 PROFILED_STEPS = 10  # as the built-in workloads: a window, not the whole run
 
 
+def measuring_modules() -> None:
+    """Import what measuring imports (torch among it), ahead of the loop."""
+    import perfsuite.counting  # noqa: F401
+    import perfsuite.faults  # noqa: F401
+    import perfsuite.meter  # noqa: F401
+    import perfsuite.profiling.torch_profile  # noqa: F401
+
+
 class Dist:
     """The rank a test or workload runs in (the ``perf_dist`` fixture).
 

@@ -49,7 +49,8 @@ def rank_session() -> Any:
 
 
 def param_id(cell: cells_mod.Cell) -> str:
-    return f"{'g' if cell.device == 'cuda' else 'c'}{cell.world_size}" + ("-prof" if cell.profile else "")
+    """The test's parameter id of its cell: c2 (CPU ranks) or g2 (GPUs), as in cell ids."""
+    return f"{'g' if cell.device == 'cuda' else 'c'}{cell.world_size}"
 
 
 def _ranks(marker: pytest.Mark) -> list[int]:
@@ -94,10 +95,6 @@ def parametrize(metafunc: pytest.Metafunc) -> None:
     if "perf_cell" not in metafunc.fixturenames:  # a test that asks for none of the fixtures
         metafunc.fixturenames.append("perf_cell")
     metafunc.parametrize("perf_cell", chosen, ids=[param_id(c) for c in chosen])
-
-
-def is_user_test(item: pytest.Item) -> bool:
-    return item.get_closest_marker(MARKER) is not None and isinstance(cell_of(item), cells_mod.Cell)
 
 
 def cell_of(item: pytest.Item) -> cells_mod.Cell | None:

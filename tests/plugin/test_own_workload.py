@@ -1,0 +1,227 @@
+"""Your own workload as a cell: a pytest test run in its ranks, judged here.
+
+The example project (examples/own-workload) runs as its README says, in 2
+ranks on CPU, with its own recorded baseline; a rank's failed assertion, a
+raise, a hang and a kill are diagnosed as for a built-in cell and leave no
+process behind; collecting starts nothing and imports no torch.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from perfsuite import results
+
+pytest_plugins = ["pytester"]
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "own-workload"
+EXAMPLE_ID = "user/tests/test_train.py::test_train_step/c2"
+
+
+def survivors(marker):
+    """Processes whose command line mentions ``marker`` (an output directory)."""
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if proc.pid != os.getpid() and any(marker in part for part in proc.info["cmdline"] or []):
+                found.append(proc.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.mark.slow
+def test_the_example_runs_in_two_ranks_on_cpu_and_is_judged_against_its_baseline(tmp_path):
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:hypothesispytest",
+         "--perf-baselines", "baselines", "--perf-out", str(out), "--perf-no-probe",
+         "--perf-history", "off"],
+        cwd=EXAMPLE, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    saved = results.load(out)  # the results schema, checked
+    (cell,) = saved["cells"]
+    assert cell["id"] == EXAMPLE_ID and cell["status"] == "ok"
+    assert cell["params"]["workload"] == "tests/test_train.py::test_train_step"
+    assert cell["params"]["world_size"] == 2 and cell["params"]["device"] == "cpu"
+    assert [r["status"] for r in cell["ranks"]] == ["ok", "ok"]
+    step = cell["metrics"]["step_time"]
+    assert step["n"] == len(step["samples"]) == 20 and all(s > 0 for s in step["samples"])
+    assert cell["metrics"]["throughput"]["unit"] == "items/s"
+    per_step = cell["counters"]["per_step"]
+    assert per_step["flops"] > 0 and per_step["collectives/allreduce/calls"] >= 1
+    checks = {c["name"]: c for c in cell["checks"]}
+    assert {"sanity.step_time_samples", "sanity.throughput", "step_time", "work_counters"} <= set(checks)
+    assert not [c for c in cell["checks"] if c["verdict"] in ("fail", "regressed")]
+    recorded = json.loads(next((EXAMPLE / "baselines").glob("*/counters.json")).read_text())["entries"]
+    from perfsuite.baselines import counter_versions
+
+    if any(e["versions"] == counter_versions(cell["env"], "cpu") for e in recorded):
+        assert checks["work_counters"]["verdict"] == "pass", checks["work_counters"]  # the same stack
+    assert EXAMPLE_ID in done.stdout and (out / "cells" / EXAMPLE_ID / "output.log").exists()
+
+
+FAULTY = '''
+import os
+import signal
+import time
+
+import pytest
+
+
+def _steps(perf_dist, perf_steps, fault):
+    import torch
+    import torch.distributed as dist
+
+    for step, x in enumerate(perf_steps(iter(lambda: torch.ones(4), None), warmup=1, steps=6)):
+        if perf_dist.rank == 1 and step == 3:
+            fault()
+        dist.all_reduce(x)
+
+
+@pytest.mark.perf_ranks(2)
+def test_asserts(perf_dist, perf_steps):
+    def fault():
+        assert perf_dist.world_size == 3, "rank 1 says the world is too small"
+    _steps(perf_dist, perf_steps, fault)
+
+
+@pytest.mark.perf_ranks(2, timeout=9)  # the ranks reach step 3 within ~4 s of the launch
+def test_hangs(perf_dist, perf_steps):
+    _steps(perf_dist, perf_steps, lambda: time.sleep(3600))
+
+
+@pytest.mark.perf_ranks(2)
+def test_killed(perf_dist, perf_steps):
+    _steps(perf_dist, perf_steps, lambda: os.kill(os.getpid(), signal.SIGKILL))
+'''
+
+
+@pytest.mark.slow
+def test_a_rank_that_fails_raises_hangs_or_is_killed_is_diagnosed_and_leaves_nothing(pytester):
+    pytester.makepyfile(test_faulty=FAULTY)
+    out = pytester.path / "out"
+    began = time.monotonic()
+    run = pytester.runpytest("--perf-out", str(out), "--perf-no-probe", "--perf-history", "off")
+    elapsed = time.monotonic() - began
+    run.assert_outcomes(failed=3)
+    text = run.stdout.str()
+    # the assertion of rank 1, as pytest explains it there, fails the test here
+    run.stdout.fnmatch_lines([
+        "*user/test_faulty.py::test_asserts/c2: error: rank 1 failed: AssertionError: "
+        "rank 1 says the world is too small",
+        "assert 2 == 3",
+        "*where 2 = Dist(rank=1, world_size=2*).world_size",
+        "--- where the ranks were: rank 0 step 3* (train); rank 1 step 3* (train)"])
+    assert "test_faulty.py:21: in fault" in text and "line 21, in fault" in text  # its stack, both ways
+    cells = {c["id"].rsplit("::", 1)[1]: c for c in json.loads((out / "results.json").read_text())["cells"]}
+    hung = cells["test_hangs/c2"]
+    assert hung["status"] == "timeout"
+    assert "rank 1 hung at step 3 in train (File" in hung["reason"] and "test_faulty.py" in hung["reason"]
+    assert "waiting: rank 0 at step 3" in hung["reason"]
+    assert "time.sleep" in hung["ranks"][1]["stack"] or "test_faulty.py" in hung["ranks"][1]["stack"]
+    killed = cells["test_killed/c2"]
+    assert killed["reason"] == "rank 1 died without a result (killed by SIGKILL)"
+    assert killed["ranks"][1]["signal"] == "SIGKILL"
+    assert elapsed < 9 + 2 + 10 + 2 * 30  # the hang's timeout, stack grace, termination; two launches
+    assert survivors(str(out)) == []
+
+
+def test_collect_only_starts_no_process_and_imports_no_torch():
+    # From the session's start on (pytest-benchmark, installed with perfsuite,
+    # asks git and hg for the commit while pytest configures): no fork
+    # (torchrun's agent), no subprocess, no torch. Hypothesis's plugin, here
+    # for the suite's own tests and not the example's, takes 0.8 s of its own.
+    probe = (
+        "import os, subprocess, sys, time\n"
+        "def refuse(*a, **k): raise AssertionError(f'a process was started: {a}')\n"
+        "class NoProcess:\n"
+        "    def pytest_sessionstart(self, session):\n"
+        "        os.fork = os.posix_spawn = os.posix_spawnp = refuse\n"
+        "        subprocess.Popen.__init__ = refuse\n"
+        "import pytest\n"
+        "began = time.perf_counter()\n"
+        "code = pytest.main(['--collect-only', '-q', '-p', 'no:cacheprovider',\n"
+        "                    '-p', 'no:hypothesispytest', 'tests'], plugins=[NoProcess()])\n"
+        "print('SECONDS', time.perf_counter() - began, 'TORCH', 'torch' in sys.modules)\n"
+        "sys.exit(code)\n")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=EXAMPLE, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "tests/test_train.py::test_train_step[c2]" in done.stdout
+    seconds, torch = done.stdout.split("SECONDS ")[1].split(" TORCH ")
+    assert torch.strip() == "False" and float(seconds) < 2.0
+
+
+USER_TESTS = '''
+import pytest
+
+@pytest.mark.perf_ranks([1, 2])
+@pytest.mark.parametrize("width", [64, 128])
+def test_widths(perf_dist, perf_steps, width):
+    pass
+
+@pytest.mark.perf_ranks(4, device="cuda", timeout=30)
+def test_on_gpus(perf_steps):
+    pass
+
+def test_plain():
+    pass
+'''
+
+
+def _collected(pytester, *args):
+    run = pytester.runpytest("--collect-only", "-q", *args)
+    return [line for line in run.outlines if "::" in line]
+
+
+def test_user_tests_are_parametrised_over_their_cells(pytester):
+    pytester.makepyfile(test_mine=USER_TESTS)
+    assert _collected(pytester) == [
+        "test_mine.py::test_widths[c1-64]", "test_mine.py::test_widths[c1-128]",
+        "test_mine.py::test_widths[c2-64]", "test_mine.py::test_widths[c2-128]",
+        "test_mine.py::test_on_gpus[g4]", "test_mine.py::test_plain"]
+    assert _collected(pytester, "--perf-tier", "gate") == [
+        "test_mine.py::test_widths[g1-64]", "test_mine.py::test_widths[g1-128]",
+        "test_mine.py::test_widths[g2-64]", "test_mine.py::test_widths[g2-128]",
+        "test_mine.py::test_on_gpus[g4]", "test_mine.py::test_plain"]
+    # a cell per test and parameters, chosen by id like a built-in cell
+    assert _collected(pytester, "--perf-cell", "user/test_mine.py::test_widths[128]/c2") == [
+        "test_mine.py::test_widths[c2-128]", "test_mine.py::test_plain"]
+    from perfsuite.cells import select
+
+    (gpu,) = select(ids=["user/test_mine.py::test_on_gpus/g4"])
+    assert gpu.device == "cuda" and gpu.world_size == 4
+
+
+def test_the_rank_fixtures_without_the_marker_are_a_collection_error(pytester):
+    pytester.makepyfile("def test_forgot(perf_dist):\n    pass\n")
+    run = pytester.runpytest("--collect-only")
+    run.stdout.fnmatch_lines(["*perf_dist and perf_steps run in the ranks*@pytest.mark.perf_ranks(N)*"])
+    assert run.ret == pytest.ExitCode.INTERRUPTED
+
+
+def test_an_experiment_file_of_ones_own_parametrises_perf_tests_for_the_session(pytester):
+    pytester.makepyprojecttoml('[tool.pytest.ini_options]\nperf_experiments = ["perf/mine.toml"]\n')
+    (pytester.path / "perf").mkdir()
+    (pytester.path / "perf" / "mine.toml").write_text(
+        '[[experiment]]\nname = "batch sizes"\ntier = "smoke"\nworkload = "mymodel.train:run"\n'
+        'axes = {world_size = [1, 2], batch_size = [16, 64]}\n')
+    pytester.makepyfile(test_cells='''
+import pytest
+
+@pytest.mark.perf(workload="mymodel.train:run")
+def test_cell(perf_cell, perf_result):
+    assert not perf_result["checks"] or True
+''')
+    assert _collected(pytester) == [f"test_cells.py::test_cell[smoke/mymodel.train:run/c{n}/fp32/batch_size={b}]"
+                                    for n in (1, 2) for b in (16, 64)]
+    from perfsuite import cells
+
+    assert not cells.select(workload="mymodel.train:run")  # that session's, not this one's
