@@ -7,6 +7,7 @@ import os
 import stat
 import tempfile
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +47,9 @@ def _final_mode(path: Path) -> int:
         return 0o666 & ~_current_umask()
 
 
-def atomic_write_bytes(path: Path | str, data: bytes) -> None:
-    """Write to a temporary file beside ``path``, then rename over it."""
+def atomic_write_chunks(path: Path | str, chunks: Iterable[Any]) -> None:
+    """Write ``chunks`` (bytes-like, e.g. a numpy array's ``.data``) to a
+    temporary file beside ``path``, then rename over it: whole or not at all."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -55,13 +57,19 @@ def atomic_write_bytes(path: Path | str, data: bytes) -> None:
         with os.fdopen(fd, "wb") as fh:
             if hasattr(os, "fchmod"):  # POSIX (Windows has no such modes to give)
                 os.fchmod(fh.fileno(), _final_mode(path))
-            fh.write(data)
+            for chunk in chunks:
+                fh.write(chunk)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_bytes(path: Path | str, data: bytes) -> None:
+    """Write to a temporary file beside ``path``, then rename over it."""
+    atomic_write_chunks(path, [data])
 
 
 def atomic_write_text(path: Path | str, text: str) -> None:

@@ -16,7 +16,6 @@ import io
 import math
 import os
 import struct
-import tempfile
 import zlib
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import torch
 from torch.utils.data import Dataset
 from torchvision.transforms.v2 import functional as TF
 
-from perfsuite.fsutil import _final_mode, atomic_write_bytes
+from perfsuite.fsutil import atomic_write_bytes, atomic_write_chunks
 
 MNIST_FILES = {
     "train_images": "train-images-idx3-ubyte",
@@ -257,20 +256,10 @@ def _write_resized(path: Path, images: torch.Tensor, size: int) -> None:
     on the lock meanwhile, so the making may use every core this process may
     (a GPU rank runs with one thread: MNIST at 500 px takes ~2 min on one)."""
     threads = torch.get_num_threads()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         torch.set_num_threads(max(threads, cores or 1))
-        with os.fdopen(fd, "wb") as fh:
-            os.fchmod(fh.fileno(), _final_mode(path))
-            for part in _resize_chunks(images, size):
-                fh.write(part.numpy().data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        atomic_write_chunks(path, (part.numpy().data for part in _resize_chunks(images, size)))
     finally:
         torch.set_num_threads(threads)
 

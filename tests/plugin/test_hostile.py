@@ -13,23 +13,17 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from perfsuite.cli import main as cli_main
 from perfsuite.results import SCHEMA
+from tests.plugin.test_plugin import CELL_TEST
+from tests.unit.cellkit import survivors
 
 pytest_plugins = ["pytester"]
 
 GPU_CELL = "gate/image/ddp/g2/fp32/px224/nopin/nchw"
 NO_GPU = "--perf-allow-no-gpu"  # skip GPU cells where torch sees no GPU, as here
-CELL_TEST = """
-import pytest
-
-@pytest.mark.perf(workload="image")
-def test_cell(perf_cell, perf_result):
-    assert perf_result["status"] == "ok"
-"""
 
 
 def test_a_non_empty_out_is_refused_before_anything_runs(pytester):
@@ -157,15 +151,6 @@ SLOW_THEN_HUNG = ["smoke/image/ddp-ds/c1/fp32/px32/nopin/nchw",
                   "smoke/image/ddp-ds/c2/fp32/px32/nopin/nchw"]
 
 
-def survivors(marker: str) -> list[int]:
-    found = []
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        try:
-            if proc.pid != os.getpid() and any(marker in part for part in proc.info["cmdline"] or []):
-                found.append(proc.pid)
-        except psutil.Error:
-            continue
-    return found
 
 
 @pytest.mark.slow

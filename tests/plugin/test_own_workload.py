@@ -7,16 +7,15 @@ process behind; collecting starts nothing and imports no torch.
 """
 
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from perfsuite import results
+from tests.unit.cellkit import survivors
 
 pytest_plugins = ["pytester"]
 
@@ -24,16 +23,6 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "own-workload"
 EXAMPLE_ID = "user/tests/test_train.py::test_train_step/c2"
 
 
-def survivors(marker):
-    """Processes whose command line mentions ``marker`` (an output directory)."""
-    found = []
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        try:
-            if proc.pid != os.getpid() and any(marker in part for part in proc.info["cmdline"] or []):
-                found.append(proc.pid)
-        except psutil.Error:
-            continue
-    return found
 
 
 @pytest.mark.slow

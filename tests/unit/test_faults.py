@@ -10,9 +10,8 @@ import subprocess
 import sys
 import time
 
-import psutil
 import pytest
-from cellkit import tiny_image_cell
+from cellkit import survivors, tiny_image_cell
 
 from perfsuite.launch import LaunchOptions, run_cell
 
@@ -24,16 +23,6 @@ def tiny(**kw):
                               "timeout_s": 60, **kw})
 
 
-def survivors(marker):
-    """Processes whose command line mentions ``marker`` (our output directory)."""
-    found = []
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        try:
-            if proc.pid != os.getpid() and any(marker in part for part in proc.info["cmdline"] or []):
-                found.append(proc.pid)
-        except psutil.Error:
-            continue
-    return found
 
 
 def test_hung_rank_ends_the_cell_names_rank_and_step_and_leaves_nothing(tmp_path):

@@ -234,20 +234,32 @@ def browser():
     return binary
 
 
+def open_and_check(devtools: DevTools, page: Path) -> tuple[str, dict]:
+    """Load ``page`` in a new tab; its session and what PAGE_CHECK found."""
+    target = devtools.send("Target.createTarget", {"url": "about:blank"})["targetId"]
+    session = devtools.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+    for domain in ("Page", "Runtime", "Log"):
+        devtools.send(f"{domain}.enable", session=session)
+    devtools.send("Page.navigate", {"url": page.resolve().as_uri()}, session=session)
+    devtools.wait_for("Page.loadEventFired", session)
+    found = json.loads(devtools.send("Runtime.evaluate", {"expression": PAGE_CHECK, "returnByValue": True},
+                                     session=session)["result"]["value"])
+    return session, found
+
+
+def console_errors(devtools: DevTools, session: str) -> list[dict]:
+    return [e for e in devtools.events if e.get("sessionId") == session and (
+        (e.get("method") == "Runtime.consoleAPICalled" and e["params"]["type"] in ("error", "assert"))
+        or e.get("method") == "Runtime.exceptionThrown"
+        or (e.get("method") == "Log.entryAdded" and e["params"]["entry"]["level"] == "error"))]
+
+
 def test_report_renders_in_chromium(browser, tmp_path):
     folder = browser_run(tmp_path)
     page = html.write_reports(folder)["report_html"]
     devtools = DevTools(browser, tmp_path / "chromium-profile")
     try:
-        target = devtools.send("Target.createTarget", {"url": "about:blank"})["targetId"]
-        session = devtools.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
-        for domain in ("Page", "Runtime", "Log"):
-            devtools.send(f"{domain}.enable", session=session)
-        devtools.send("Page.navigate", {"url": page.resolve().as_uri()}, session=session)
-        devtools.wait_for("Page.loadEventFired", session)
-        found = json.loads(devtools.send("Runtime.evaluate", {"expression": PAGE_CHECK,
-                                                              "returnByValue": True},
-                                         session=session)["result"]["value"])
+        session, found = open_and_check(devtools, page)
         height = min(int(found["height"]), 16000)
         devtools.send("Emulation.setDeviceMetricsOverride", {"width": 1400, "height": height,
                                                             "deviceScaleFactor": 1, "mobile": False},
@@ -263,10 +275,7 @@ def test_report_renders_in_chromium(browser, tmp_path):
         devtools.send("Runtime.evaluate", {"expression": "1"}, session=session)
     finally:
         devtools.close()
-    problems = [e for e in devtools.events if e.get("sessionId") == session and (
-        (e.get("method") == "Runtime.consoleAPICalled" and e["params"]["type"] in ("error", "assert"))
-        or e.get("method") == "Runtime.exceptionThrown"
-        or (e.get("method") == "Log.entryAdded" and e["params"]["entry"]["level"] == "error"))]
+    problems = console_errors(devtools, session)
     assert problems == [], f"console errors: {problems}"
     wanted = SECTIONS if not os.environ.get("PERFSUITE_BROWSER_RUN") else tuple(
         s for s in SECTIONS if s != "skipped")

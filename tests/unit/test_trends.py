@@ -6,7 +6,6 @@ Chromium where one is installed)."""
 from __future__ import annotations
 
 import base64
-import json
 import math
 import re
 from html.parser import HTMLParser
@@ -193,7 +192,7 @@ def test_a_runs_report_links_the_trends_page_of_the_default_store(tmp_path, monk
 
 
 def test_trends_page_renders_in_chromium(page, tmp_path):
-    from tests.unit.test_report_browser import PAGE_CHECK, DevTools, find_browser
+    from tests.unit.test_report_browser import DevTools, console_errors, find_browser, open_and_check
 
     binary = find_browser()
     if binary is None:
@@ -201,21 +200,11 @@ def test_trends_page_renders_in_chromium(page, tmp_path):
     path, _ = page
     devtools = DevTools(binary, tmp_path / "chromium-profile")
     try:
-        target = devtools.send("Target.createTarget", {"url": "about:blank"})["targetId"]
-        session = devtools.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
-        for domain in ("Page", "Runtime", "Log"):
-            devtools.send(f"{domain}.enable", session=session)
-        devtools.send("Page.navigate", {"url": path.resolve().as_uri()}, session=session)
-        devtools.wait_for("Page.loadEventFired", session)
-        found = json.loads(devtools.send("Runtime.evaluate", {"expression": PAGE_CHECK, "returnByValue": True},
-                                         session=session)["result"]["value"])
+        session, found = open_and_check(devtools, path)
         devtools.send("Runtime.evaluate", {"expression": "1"}, session=session)  # late console messages
     finally:
         devtools.close()
-    problems = [e for e in devtools.events if e.get("sessionId") == session and (
-        (e.get("method") == "Runtime.consoleAPICalled" and e["params"]["type"] in ("error", "assert"))
-        or e.get("method") == "Runtime.exceptionThrown"
-        or (e.get("method") == "Log.entryAdded" and e["params"]["entry"]["level"] == "error"))]
+    problems = console_errors(devtools, session)
     assert problems == [], f"console errors: {problems}"
     assert found["sections"] == ["summary", "changes", "series", "trends"]
     assert found["misaligned"] == [] and found["tables"] == 2
