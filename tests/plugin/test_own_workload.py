@@ -202,14 +202,14 @@ def test_an_experiment_file_of_ones_own_parametrises_perf_tests_for_the_session(
     (pytester.path / "perf" / "mine.toml").write_text(
         '[[experiment]]\nname = "batch sizes"\ntier = "smoke"\nworkload = "mymodel.train:run"\n'
         'axes = {world_size = [1, 2], batch_size = [16, 64]}\n')
-    pytester.makepyfile(test_cells='''
+    pytester.makepyfile(test_my_cells='''  # a name no module of the suite has
 import pytest
 
 @pytest.mark.perf(workload="mymodel.train:run")
 def test_cell(perf_cell, perf_result):
     assert not perf_result["checks"] or True
 ''')
-    assert _collected(pytester) == [f"test_cells.py::test_cell[smoke/mymodel.train:run/c{n}/fp32/batch_size={b}]"
+    assert _collected(pytester) == [f"test_my_cells.py::test_cell[smoke/mymodel.train:run/c{n}/fp32/batch_size={b}]"
                                     for n in (1, 2) for b in (16, 64)]
     from perfsuite import cells
 
