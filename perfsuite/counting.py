@@ -28,8 +28,9 @@ Counters are flat ``{key: number}`` dicts per step, keys such as
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -126,23 +127,34 @@ def cuda_api_counts(events: Iterable[tuple[str, int]]) -> dict[str, int]:
     return dict(out)
 
 
-def _count_step(step: Callable[[], Any], device: torch.device) -> dict[str, int]:
-    counter = WorkCounter()
+@contextlib.contextmanager
+def counted_step(device: torch.device) -> Iterator[dict[str, int]]:
+    """The body run inside counts as one step of a counting window; the
+    yielded dict holds its counts once the body is done (on CUDA also the
+    runtime calls and peak allocated). A step that is a function:
+    ``count_window``; a step that is the body of a loop: this."""
+    counter, counts = WorkCounter(), {}
     if device.type != "cuda":
         with counter:
-            step()
-        return dict(counter.counts)
+            yield counts
+        counts.update(counter.counts)
+        return
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         with counter:
-            step()
+            yield counts
         torch.cuda.synchronize(device)
-    counts = dict(counter.counts)
+    counts.update(counter.counts)
     counts.update(cuda_api_counts((e.key, e.count) for e in prof.key_averages()))
     counts["memory/peak_allocated"] = int(torch.cuda.max_memory_allocated(device))
+
+
+def _count_step(step: Callable[[], Any], device: torch.device) -> dict[str, int]:
+    with counted_step(device) as counts:
+        step()
     return counts
 
 

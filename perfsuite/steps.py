@@ -26,7 +26,6 @@ and still collect without torch.
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 import time
 from collections.abc import Iterable, Iterator
@@ -80,34 +79,6 @@ class Dist:
                 f"backend={self.backend!r})")
 
 
-@contextlib.contextmanager
-def _counted_step(device: Any) -> Iterator[dict[str, int]]:
-    """The body run inside counts as one step of a counting window: what
-    ``perfsuite.counting.count_window`` does for a step it can call, for a
-    step that is the body of a loop."""
-    import torch
-
-    from perfsuite.counting import WorkCounter, cuda_api_counts
-
-    counter, counts = WorkCounter(), {}
-    if device.type != "cuda":
-        with counter:
-            yield counts
-        counts.update(counter.counts)
-        return
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        with counter:
-            yield counts
-        torch.cuda.synchronize(device)
-    counts.update(counter.counts)
-    counts.update(cuda_api_counts((e.key, e.count) for e in prof.key_averages()))
-    counts["memory/peak_allocated"] = int(torch.cuda.max_memory_allocated(device))
-
-
 class Steps:
     """The ``perf_steps`` fixture: ``for batch in perf_steps(loader, warmup=3): ...``
 
@@ -149,6 +120,7 @@ class Steps:
         import torch
 
         from perfsuite import faults
+        from perfsuite.counting import counted_step
         from perfsuite.meter import StepTimer, WallClock, reset_peak_memory
         from perfsuite.profiling.torch_profile import StepProfiler
 
@@ -197,7 +169,7 @@ class Steps:
                 item = next(batches)
             except StopIteration:
                 break
-            with _counted_step(device) as counts:
+            with counted_step(device) as counts:
                 yield item
             window.append(counts)
         state["window_s"] = time.perf_counter() - state["window_started"]
