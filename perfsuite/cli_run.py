@@ -28,15 +28,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise UsageProblem(f"perfsuite run: {err}") from None
     gpu_cells = [c.id for c in chosen if c.device == "cuda"]
-    if gpu_cells and not args.allow_no_gpu:
-        from perfsuite.hardware import why_no_gpu
+    if not args.allow_no_gpu:
+        from perfsuite.hardware import gpu_cells_without_gpu
 
-        why = why_no_gpu()
-        if why is not None:  # skipping every cell would exit 0 having measured nothing
-            raise UsageProblem(
-                f"perfsuite run: {len(gpu_cells)} GPU cell(s) selected ({gpu_cells[0]}"
-                f"{', ...' if len(gpu_cells) > 1 else ''}), and torch sees no GPU: {why}. "
-                "Nothing was launched; pass --allow-no-gpu to skip the GPU cells instead")
+        problem = gpu_cells_without_gpu(gpu_cells, "--allow-no-gpu")
+        if problem:
+            raise UsageProblem(f"perfsuite run: {problem}")
     launch.on_progress = lambda cell, line: print(f"    {cell.id}: {line}", flush=True)
     runner = Runner(args.out or default_out_dir(), launch, resume=args.resume,
                     repeats=args.repeats, baselines=args.baselines, probe=not args.no_probe,

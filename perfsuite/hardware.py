@@ -374,3 +374,14 @@ def profile_id(env: dict[str, Any]) -> str:
         return f"{_slug(env.get('gpu_name') or 'gpu')}-{memory_gb}gb-x{env['gpu_count']}-{link}"
     isa = f"-{_slug(env['cpu_isa'])}" if env.get("cpu_isa") else ""
     return f"cpu-{_slug(env.get('cpu_model') or 'unknown')}{isa}-{env.get('cpu_cores')}c"
+
+
+def gpu_cells_without_gpu(gpu_cells: list[str], skip_option: str) -> str | None:
+    """Why GPU cells must not run here (None: they may, or there are none).
+    A GPU tier that skipped every cell would pass having measured nothing."""
+    why = why_no_gpu() if gpu_cells else None
+    if why is None:
+        return None
+    more = ", ..." if len(gpu_cells) > 1 else ""
+    return (f"{len(gpu_cells)} GPU cell(s) selected ({gpu_cells[0]}{more}), and torch sees no "
+            f"GPU: {why}. Nothing was launched; pass {skip_option} to skip the GPU cells instead")

@@ -156,15 +156,12 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
     gpu_cells = [c.id for c in (getattr(getattr(item, "callspec", None), "params", {}).get(
         "perf_cell") for item in measured) if isinstance(c, cells_mod.Cell) and c.device == "cuda"]
-    if gpu_cells and not allow_no_gpu:
-        from perfsuite.hardware import why_no_gpu
+    if not allow_no_gpu:
+        from perfsuite.hardware import gpu_cells_without_gpu
 
-        why = why_no_gpu()
-        if why is not None:  # a GPU tier that skips every cell would pass, measuring nothing
-            raise pytest.UsageError(
-                f"perfsuite: {len(gpu_cells)} GPU cell(s) selected ({gpu_cells[0]}"
-                f"{', ...' if len(gpu_cells) > 1 else ''}), and torch sees no GPU: {why}. "
-                "Nothing was launched; pass --perf-allow-no-gpu to skip the GPU cells instead")
+        problem = gpu_cells_without_gpu(gpu_cells, "--perf-allow-no-gpu")
+        if problem:
+            raise pytest.UsageError(f"perfsuite: {problem}")
     try:
         runner.begin()
     except (SessionError, BaselineError) as err:
