@@ -131,8 +131,41 @@ def _from_ab(runs_dir: Path) -> Noise | None:
                 if launch.get("side") == "A" or both:
                     per_cell.setdefault(cell["id"], []).append((session, math.log(float(np.median(samples)))))
         used.append(path)
-    total = sum(len(v) for v in per_cell.values())
-    if total < MIN_LAUNCHES:
+    where = sorted({str(p.parent.parent.parent) for p in used})
+    return _grouped(per_cell, f"{len(used)} A/B sessions' ab.json under {', '.join(where[:3])} "
+                              "(launch medians; side B only where it ran the same code)")
+
+
+def _from_runs(runs_dir: Path) -> Noise | None:
+    """Launch medians of cells a run launched several times (``perfsuite run
+    --repeats R``, ``--perf-repeats R``): the form a nightly run takes, each
+    results.json one session."""
+    per_cell: dict[str, list[tuple[int, float]]] = {}
+    files = sorted(runs_dir.rglob("results.json")) if runs_dir.is_dir() else []
+    used = []
+    for session, path in enumerate(files):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        cells = data.get("cells") if isinstance(data, dict) else None
+        took = False
+        for cell in cells if isinstance(cells, list) else []:
+            step = (cell.get("metrics") or {}).get("step_time") or {} if cell.get("status") == "ok" else {}
+            medians = [m for m in step.get("launch_medians") or [] if isinstance(m, (int, float)) and m > 0]
+            if len(medians) >= 2:
+                per_cell.setdefault(cell["id"], []).extend((session, math.log(m)) for m in medians)
+                took = True
+        if took:
+            used.append(path)
+    where = sorted({str(p.parent.parent) for p in used})
+    return _grouped(per_cell, f"{len(used)} runs' results.json under {', '.join(where[:3])} "
+                              "(launch medians of cells launched 2+ times)")
+
+
+def _grouped(per_cell: dict[str, list[tuple[int, float]]], source: str) -> Noise | None:
+    """Logs centred on their cell's median, grouped by (cell, session)."""
+    if sum(len(v) for v in per_cell.values()) < MIN_LAUNCHES:
         return None
     values, sessions = [], {}
     for cell_id, rows in per_cell.items():
@@ -140,11 +173,8 @@ def _from_ab(runs_dir: Path) -> Noise | None:
         for session, v in rows:
             values.append(v - centre)
             sessions.setdefault((cell_id, session), []).append(v - centre)
-    where = sorted({str(p.parent.parent.parent) for p in used})
-    return Noise(source=f"{len(sessions)} A/B sessions' ab.json under {', '.join(where[:3])} "
-                        "(launch medians; side B only where it ran the same code)",
-                 values=np.array(values), sessions=[np.array(s) for s in sessions.values()],
-                 cells=sorted(per_cell))
+    return Noise(source=source, values=np.array(values),
+                 sessions=[np.array(s) for s in sessions.values()], cells=sorted(per_cell))
 
 
 def _this_profile() -> str | None:
@@ -206,14 +236,16 @@ def _from_spread(baselines: Path) -> Noise | None:
 
 def load_noise(runs_dir: Path | str = ".perfsuite", baselines: Path | str = "baselines") -> Noise:
     """This machine's between-launch noise, from the best source there is."""
-    for source in (lambda: _from_ab(Path(runs_dir)), lambda: _from_samples(Path(baselines)),
+    for source in (lambda: _from_runs(Path(runs_dir)), lambda: _from_ab(Path(runs_dir)),
+                   lambda: _from_samples(Path(baselines)),
                    lambda: _from_spread(Path(baselines))):
         noise = source()
         if noise is not None:
             return noise
-    raise NoNoise(f"no measured launches: no ab.json with {MIN_LAUNCHES}+ launches under {runs_dir}, "
+    raise NoNoise(f"no measured launches: no results.json of repeated launches and no ab.json with "
+                  f"{MIN_LAUNCHES}+ launches under {runs_dir}, "
                   f"no samples.json or launch_spread under {baselines}; run `perfsuite detection --ab` "
-                  "or record a baseline with --perf-repeats 2 first")
+                  "or `perfsuite run CELL --repeats 16`, or record a baseline with --perf-repeats 2 first")
 
 
 def _points(noise: Noise, rng: np.random.Generator, effects: list[float], launches: int,

@@ -204,8 +204,12 @@ def _failure(cell: Cell, directory: Path, records: list[dict | None], log_text: 
         facts = {r: {"progress": progress.get(r), "stack": stacks.get(r)}
                  for r in range(cell.processes)}
         return "timeout", f"no result within {timeout:.0f} s: {report}", facts
-    failed = returncode != 0 or any(r is None or r.get("status") != "ok" for r in records)
+    failed = returncode != 0 or any(r is None or r.get("status") not in ("ok", "skipped") for r in records)
     if not failed:
+        skipped = [(i, r.get("reason")) for i, r in enumerate(records) if r.get("status") == "skipped"]
+        if skipped:  # a workload (a user's test) that skipped itself, in one rank or all
+            ranks = ", ".join(str(i) for i, _ in skipped)
+            return "skipped", f"rank{'s' if len(skipped) > 1 else ''} {ranks} skipped: {skipped[0][1]}", {}
         return "ok", None, {}
     reason, facts = diagnose.crash_report(log_text, records)
     return "error", reason, facts

@@ -281,7 +281,7 @@ def judged_result(perf_cell: cells_mod.Cell, perf_session: Runner,
     request.node.add_report_section("call", "perfsuite", report.cell_text(result))
     _record_in_benchmark(request, result)
     strict = request.config.getoption("--perf-fail-on-skipped")
-    if result["status"] == "skipped" or _skipped_in_ranks(result):
+    if result["status"] == "skipped":
         (pytest.fail if strict else pytest.skip)(f"{perf_cell.id}: {result['reason']}")
     if result["status"] != "ok":
         tail = result.get("output_tail", "")
@@ -305,12 +305,6 @@ def _where_ranks_were(result: dict[str, Any]) -> str | None:
     from perfsuite.diagnose import ProgressWatch
 
     return ProgressWatch(result["dir"]).line()
-
-
-def _skipped_in_ranks(result: dict[str, Any]) -> bool:
-    """A user test that called pytest.skip in its ranks."""
-    errors = [r.get("error") for r in result.get("ranks", []) if r.get("error")]
-    return bool(errors) and all(e.get("type") == "Skipped" for e in errors)
 
 
 def _record_in_benchmark(request: pytest.FixtureRequest, result: dict[str, Any]) -> None:

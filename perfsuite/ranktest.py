@@ -7,7 +7,8 @@ handing it ``perf_dist`` and ``perf_steps`` (``perfsuite.steps``), and
 returns what ``perf_steps`` measured, as any workload returns its record.
 A test that fails in the rank raises its own exception here (an
 AssertionError with pytest's explanation), so the rank's record, and the
-cell's reason, carry that rank's message; the worker's record, progress and
+cell's reason, carry that rank's message; one that skips itself (``pytest.skip``,
+a ``skipif``, an ``xfail`` that failed as expected) skips the cell with its reason; the worker's record, progress and
 stack files give a raise, a hang or a kill the diagnosis of any cell.
 
 The test is found from the launcher's pytest root: ``$PERFSUITE_PYTEST_ROOTDIR``
@@ -47,13 +48,18 @@ class RankSession:
         self.cell, self.dist, self.steps = cell, dist, steps
         self.failure: BaseException | None = None
         self.errors: list[str] = []  # collection errors, reports without an exception
+        self.skipped: str | None = None  # why the test skipped itself here
         self.passed = False
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
         report = yield
-        if call.excinfo is not None and (report.failed or report.skipped) and self.failure is None:
+        if report.skipped and self.skipped is None:  # pytest.skip, a skipif, an expected failure
+            self.skipped = _skip_text(report)
+        elif call.excinfo is not None and report.failed and self.failure is None:
             self.failure = _from_test(call.excinfo.value, Path(item.path))
+        elif report.failed:  # no exception: an unexpected pass of a strict xfail
+            self.errors.append(report.longreprtext)
         if report.when == "call" and report.passed:
             self.passed = True
         return report
@@ -61,6 +67,17 @@ class RankSession:
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:
             self.errors.append(report.longreprtext)
+        elif report.skipped and self.skipped is None:  # a module-level skip, importorskip
+            self.skipped = _skip_text(report)
+
+
+def _skip_text(report: pytest.TestReport | pytest.CollectReport) -> str:
+    """What a skipped report says: the skip's reason, or the expected failure's."""
+    if getattr(report, "wasxfail", None) is not None:
+        return f"expected to fail (xfail){': ' + report.wasxfail if report.wasxfail else ''}"
+    longrepr = report.longrepr
+    text = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+    return text.removeprefix("Skipped: ")
 
 
 def _from_test(err: BaseException, path: Path) -> BaseException:
@@ -107,6 +124,8 @@ def run(cell: Any, ctx: Any) -> dict[str, Any]:
         CURRENT = None
     if session.failure is not None:
         raise session.failure
+    if session.skipped is not None and not session.passed:  # the worker records the cell skipped
+        raise pytest.skip.Exception(session.skipped)
     if not session.passed:
         why = "; ".join(session.errors) or (
             "no such test here" if code == pytest.ExitCode.NO_TESTS_COLLECTED else f"exit code {code}")

@@ -116,6 +116,17 @@ def watch_launcher(environ: dict[str, str] | None = None) -> threading.Thread | 
     return thread
 
 
+def skip_reason(err: BaseException) -> str | None:
+    """The reason of a ``pytest.skip`` (or of ``pytest.xfail``) raised by the
+    workload, else None; pytest itself need not be imported to tell."""
+    kind = type(err)  # pytest's Skipped says its module is builtins; its base does not
+    pytest_outcome = any(c.__module__ == "_pytest.outcomes" and c.__name__ == "OutcomeException"
+                         for c in kind.__mro__)
+    if pytest_outcome and kind.__name__ in ("Skipped", "XFailed"):
+        return getattr(err, "msg", None) or str(err) or kind.__name__
+    return None
+
+
 def _end_process_group() -> None:
     """A workload that left its process group up (one's own may): every rank
     gets here, so they meet once more and end it."""
@@ -168,6 +179,11 @@ def main(argv: list[str] | None = None) -> int:
         _end_process_group()
         record["status"] = "ok"
     except BaseException as err:  # noqa: BLE001 - the record must say what happened
+        if skip_reason(err) is not None:  # the workload's own pytest.skip: not a failure
+            record["status"], record["reason"] = "skipped", skip_reason(err)
+            record["finished"] = time.time()
+            atomic_write_json(args.out / f"rank{ctx.rank}.json", record)
+            return 0
         record["status"] = "error"
         record["error"] = {"type": type(err).__name__, "message": str(err),
                            "traceback": traceback.format_exc(), **_oom_facts(err, ctx)}

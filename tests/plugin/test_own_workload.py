@@ -122,6 +122,38 @@ def test_a_rank_that_fails_raises_hangs_or_is_killed_is_diagnosed_and_leaves_not
     assert survivors(str(out)) == []
 
 
+SKIPPING = '''
+import pytest
+
+
+@pytest.mark.perf_ranks(2)
+def test_skips_in_its_ranks(perf_dist, perf_steps):
+    pytest.skip(f"needs NCCL, rank {perf_dist.rank} has gloo")
+
+
+@pytest.mark.perf_ranks(1)
+@pytest.mark.xfail(reason="the fused path is not there yet")
+def test_fails_as_expected(perf_dist, perf_steps):
+    assert perf_dist.world_size == 2
+'''
+
+
+@pytest.mark.slow
+def test_a_test_that_skips_itself_or_fails_as_expected_in_its_ranks_is_a_skipped_cell(pytester):
+    pytester.makepyfile(test_skipping=SKIPPING)
+    out = pytester.path / "out"
+    run = pytester.runpytest("--perf-out", str(out), "--perf-no-probe", "--perf-history", "off", "-rs")
+    run.assert_outcomes(skipped=2)
+    cells = {c["id"].rsplit("::", 1)[1]: c for c in results.load(out)["cells"]}
+    skipped, xfailed = cells["test_skips_in_its_ranks/c2"], cells["test_fails_as_expected/c1"]
+    assert skipped["status"] == "skipped" and skipped["reason"] in (
+        "ranks 0, 1 skipped: needs NCCL, rank 0 has gloo", "ranks 0, 1 skipped: needs NCCL, rank 1 has gloo")
+    assert [r["status"] for r in skipped["ranks"]] == ["skipped", "skipped"]
+    assert xfailed["status"] == "skipped"
+    assert xfailed["reason"] == "rank 0 skipped: expected to fail (xfail): the fused path is not there yet"
+    run.stdout.fnmatch_lines(["*test_skips_in_its_ranks/c2: ranks 0, 1 skipped: needs NCCL*"])
+
+
 def test_collect_only_starts_no_process_and_imports_no_torch():
     # From the session's start on (pytest-benchmark, installed with perfsuite,
     # asks git and hg for the commit while pytest configures): no fork

@@ -367,6 +367,28 @@ def test_detection_benchmark_on_two_tiny_series(tmp_path, capsys, monkeypatch):
     assert "no measured launches" in capsys.readouterr().err
 
 
+
+def test_detection_takes_repeated_launches_of_runs_before_ab_sessions(tmp_path):
+    """A nightly run's own form (``run --repeats``): each results.json one
+    session, each repeated cell's launch medians its launches."""
+    rng = np.random.default_rng(5)
+    ab_json(tmp_path / "runs", sessions=2)  # present, but the runs come first
+    for session, shift in enumerate((0.0, 0.03, -0.02)):
+        medians = list(0.1 * np.exp(shift + rng.normal(0, 0.01, 6)))
+        cells = [{"id": "smoke/y", "status": "ok", "metrics": {"step_time": {"launch_medians": medians}}},
+                 {"id": "smoke/once", "status": "ok", "metrics": {"step_time": {"value": 0.1}}},
+                 {"id": "smoke/bad", "status": "error", "metrics": {"step_time": {"launch_medians": [1, 2]}}}]
+        out = tmp_path / "runs" / f"night{session}"
+        out.mkdir(parents=True)
+        (out / "results.json").write_text(json.dumps({"schema": "perfsuite.results/1", "cells": cells}))
+    (tmp_path / "runs" / "torn").mkdir()
+    (tmp_path / "runs" / "torn" / "results.json").write_text("{not json")
+    noise = history_detection.load_noise(tmp_path / "runs", tmp_path / "none")
+    assert noise.cells == ["smoke/y"] and noise.values.size == 18 and len(noise.sessions) == 3
+    assert noise.describe().startswith("3 runs' results.json under ")
+    assert 0.015 < noise.session_sd() < 0.05  # the shifts given, seen through 6 launches each
+    assert abs(float(np.std(noise.within(), ddof=1)) - 0.01) < 0.005
+
 # ------------------------------------------------------------------- PostgreSQL
 
 def _free_port():

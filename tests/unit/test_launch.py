@@ -52,3 +52,25 @@ def test_session_gpu_set_bounds_what_a_cell_may_use(tmp_path):
     cell = cells.get("gate/image/ddp-ds/g1/fp32/px224/nopin/nchw")
     result = run_cell(cell, tmp_path, LaunchOptions(gpus=[]))
     assert result["status"] == "skipped" and result["reason"] == "needs 1 GPU(s), 0 present"
+
+
+def test_ranks_that_skipped_themselves_make_a_skipped_cell_and_a_skip_beside_an_error_does_not():
+    import _pytest.outcomes
+
+    from perfsuite import launch
+    from perfsuite.worker import skip_reason
+
+    assert skip_reason(_pytest.outcomes.Skipped("needs NCCL")) == "needs NCCL"
+    assert skip_reason(_pytest.outcomes.XFailed("known")) == "known"
+    assert skip_reason(AssertionError("Skipped")) is None and skip_reason(KeyboardInterrupt()) is None
+    cell = tiny_image_cell(world_size=2)
+    ok = {"status": "ok", "finished": 1.0}
+    skipped = {"status": "skipped", "reason": "needs NCCL", "finished": 1.0}
+    assert launch._failure(cell, None, [ok, skipped], "", 0, False, 9)[:2] == (
+        "skipped", "rank 1 skipped: needs NCCL")
+    assert launch._failure(cell, None, [skipped, skipped], "", 0, False, 9)[:2] == (
+        "skipped", "ranks 0, 1 skipped: needs NCCL")
+    error = {"status": "error", "finished": 1.0, "error": {"type": "RuntimeError", "message": "boom"}}
+    assert launch._failure(cell, None, [skipped, error], "", 1, False, 9)[:2] == (
+        "error", "rank 1 failed: RuntimeError: boom")
+    assert launch._failure(cell, None, [ok, ok], "", 0, False, 9)[:2] == ("ok", None)

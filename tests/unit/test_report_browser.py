@@ -6,7 +6,8 @@ than its header, every figure decoded, nothing on the console, the table
 sorting and filtering; and keeps a screenshot (its path is printed).
 
 Install Chromium with `apt-get install -y chromium` (Debian/Ubuntu; CI's
-.ci/run does it); the test skips only when no Chromium binary is found. Set
+.ci/run does it); the test skips only when no Chromium binary is found, and
+fails instead under CI (CI set), where the report must be seen in a browser. Set
 PERFSUITE_BROWSER_RUN=<run dir> to check a real run's report instead of the
 built one (it is rendered into a temporary copy of results.json).
 """
@@ -37,6 +38,20 @@ def find_browser() -> str | None:
     if explicit:
         return explicit if shutil.which(explicit) else None
     return next((path for name in BROWSERS if (path := shutil.which(name))), None)
+
+
+def require_browser() -> str:
+    """The Chromium binary; without one a skip on a workstation, a failure
+    under CI (``CI`` set), whose report test must run, not skip."""
+    binary = find_browser()
+    if binary is None:
+        why = ("no Chromium binary found (looked for " + ", ".join(BROWSERS) + "; or set "
+               "PERFSUITE_CHROMIUM): install it with `apt-get install -y chromium` (Debian/"
+               "Ubuntu; .ci/run does this in CI)")
+        if os.environ.get("CI", "").lower() not in ("", "0", "false", "no"):
+            pytest.fail(f"CI is set and {why}", pytrace=False)
+        pytest.skip(why)
+    return binary
 
 
 class DevTools:
@@ -226,12 +241,7 @@ def browser_run(tmp_path: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def browser():
-    binary = find_browser()
-    if binary is None:
-        pytest.skip("no Chromium binary found (looked for " + ", ".join(BROWSERS) + "; or set "
-                    "PERFSUITE_CHROMIUM): install it with `apt-get install -y chromium` (Debian/"
-                    "Ubuntu; .ci/run does this in CI)")
-    return binary
+    return require_browser()
 
 
 def open_and_check(devtools: DevTools, page: Path) -> tuple[str, dict]:
@@ -296,3 +306,14 @@ def test_report_renders_in_chromium(browser, tmp_path):
         assert acted["shown"] and all("fp64" in s for s in acted["shown"]), acted
         assert acted["count"] == f"{len(acted['shown'])} of 9 cells"
         assert {s.split("/")[2] for s in acted["attention"]} == {"ddp-ds", "ddp-rr"}, acted
+
+
+def test_a_missing_browser_fails_under_ci_and_skips_elsewhere(monkeypatch):
+    monkeypatch.setenv("PERFSUITE_CHROMIUM", "no-such-chromium-binary")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI is set and no Chromium binary found"):
+        require_browser()
+    for unset in ("", "false"):
+        monkeypatch.setenv("CI", unset)
+        with pytest.raises(pytest.skip.Exception, match="apt-get install -y chromium"):
+            require_browser()

@@ -192,11 +192,9 @@ def test_a_runs_report_links_the_trends_page_of_the_default_store(tmp_path, monk
 
 
 def test_trends_page_renders_in_chromium(page, tmp_path):
-    from tests.unit.test_report_browser import DevTools, console_errors, find_browser, open_and_check
+    from tests.unit.test_report_browser import DevTools, console_errors, open_and_check, require_browser
 
-    binary = find_browser()
-    if binary is None:
-        pytest.skip("no Chromium binary found: install it with `apt-get install -y chromium`")
+    binary = require_browser()
     path, _ = page
     devtools = DevTools(binary, tmp_path / "chromium-profile")
     try:
