@@ -11,6 +11,9 @@ from pathlib import Path
 EXIT_OK, EXIT_REGRESSED, EXIT_USAGE = 0, 1, 2
 # As perfsuite.history and history_changes have them (a test checks), without importing them here.
 DEFAULT_METRIC, DEFAULT_MAX_PVALUE, DEFAULT_WINDOW = "step_time", 0.0001, 20
+LAUNCH_STATISTICS, DEFAULT_LAUNCH_STATISTIC = ("floor", "median"), "floor"
+LAUNCH_STATISTIC_HELP = ("what each launch of a step time gives its run's point: its floor (fastest "
+                         "step; neighbours on a shared machine only ever add time) or its median")
 URL_HELP = ("history store: an SQLite file or any SQLAlchemy URL, e.g. postgresql://user@host/db "
             "(default .perfsuite/history.sqlite)")
 
@@ -70,7 +73,7 @@ def _cmd_changes(args: argparse.Namespace) -> int:
     try:
         with History(args.url, create=False) as history:
             series = history.series(cell=args.cell, metric=args.metric, since=args.since,
-                                    branch=args.branch)
+                                    branch=args.branch, launch_statistic=args.launch_statistic)
     except HistoryError as err:
         return _fail("changes", err)
     if not series:
@@ -115,7 +118,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
     try:
         with History(args.url, create=False) as history:
             series = history.series(cell=args.cell, metric=args.metric, since=args.since,
-                                    branch=args.branch)
+                                    branch=args.branch, launch_statistic=args.launch_statistic)
             known = history.cell_ids() if not series else []
     except HistoryError as err:
         return _fail("show", err)
@@ -145,7 +148,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
     try:
         out, trends = write_trends_page(args.url, args.out, cells, args.metric or [DEFAULT_METRIC],
                                         since=args.since, branch=args.branch,
-                                        max_pvalue=args.max_pvalue, window=args.window)
+                                        max_pvalue=args.max_pvalue, window=args.window,
+                                        launch_statistic=args.launch_statistic)
     except (HistoryError, LookupError) as err:
         return _fail("report", err)
     changes = sum(len(t.changes) for t in trends)
@@ -165,7 +169,7 @@ def _cmd_detection(args: argparse.Namespace) -> int:
         return _fail("detection", ValueError("--series >= 1, --launches N[,N...] each >= 1, "
                                              "--commits >= 12"))
     try:
-        noise = history_detection.load_noise(args.runs_dir, args.baselines)
+        noise = history_detection.load_noise(args.runs_dir, args.baselines, args.launch_statistic)
     except history_detection.NoNoise as err:
         return _fail("detection", err)
     return history_detection.run(noise, series=args.series, launches=launches, commits=args.commits,
@@ -201,6 +205,8 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
                    help="commits per window of Otava's split step (default %(default)s)")
     p.add_argument("--json", action="store_true", help="print the changes as JSON")
     p.add_argument("-v", "--verbose", action="store_true", help="list series without changes too")
+    p.add_argument("--launch-statistic", choices=LAUNCH_STATISTICS, default=DEFAULT_LAUNCH_STATISTIC,
+                   help=LAUNCH_STATISTIC_HELP)
     p.set_defaults(func=_cmd_changes)
 
     p = sub.add_parser("show", help="print a cell's series: commit, time, value, per profile")
@@ -209,6 +215,8 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--since", metavar="REF")
     p.add_argument("--branch", metavar="NAME")
     p.add_argument("--url", help=URL_HELP)
+    p.add_argument("--launch-statistic", choices=LAUNCH_STATISTICS, default=DEFAULT_LAUNCH_STATISTIC,
+                   help=LAUNCH_STATISTIC_HELP)
     p.set_defaults(func=_cmd_show)
 
     p = sub.add_parser("report", help="write the trends page: per cell and metric the values over "
@@ -227,6 +235,8 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
                    help="as `history changes` (default %(default)s)")
     p.add_argument("--window", type=int, default=DEFAULT_WINDOW, metavar="COMMITS",
                    help="as `history changes` (default %(default)s)")
+    p.add_argument("--launch-statistic", choices=LAUNCH_STATISTICS, default=DEFAULT_LAUNCH_STATISTIC,
+                   help=LAUNCH_STATISTIC_HELP)
     p.set_defaults(func=_cmd_report)
 
     p = sub.add_parser("detection", help="how often `history changes` finds a 7 %% step at its "
@@ -247,4 +257,6 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
                    help="where A/B sessions' ab.json files are looked for")
     p.add_argument("--baselines", type=Path, default=Path("baselines"),
                    help="baselines root, for samples.json or launch_spread when no ab.json is found")
+    p.add_argument("--launch-statistic", choices=LAUNCH_STATISTICS, default=DEFAULT_LAUNCH_STATISTIC,
+                   help=LAUNCH_STATISTIC_HELP)
     p.set_defaults(func=_cmd_detection)

@@ -35,6 +35,7 @@ import numpy as np
 import sqlalchemy as sa
 
 from perfsuite.history_rows import (
+    DEFAULT_LAUNCH_STATISTIC,
     finite_number,
     json_safe,
     read_finished,
@@ -153,15 +154,18 @@ class History:
 
     def series(self, *, cell: str | None = None, metric: str = DEFAULT_METRIC,
                since: str | None = None, branch: str | None = None,
-               cwd: Path | str | None = None) -> dict[tuple[str, str, str], list[Point]]:
+               cwd: Path | str | None = None,
+               launch_statistic: str = DEFAULT_LAUNCH_STATISTIC) -> dict[tuple[str, str, str], list[Point]]:
         """Per (cell, metric, profile): one point per commit, in the order the
         commits were first measured; cells that did not finish ok are left out.
         ``cell`` is an id or a glob (``smoke/image/*``); ``since`` a commit
         (a prefix, or a ref git resolves) or a date (2026-11-24): only runs
-        from it on count."""
+        from it on count. A step time's point takes each launch's floor, or
+        with ``launch_statistic="median"`` its median (``run_value``)."""
         query = (sa.select(runs.c.id, runs.c.commit_sha, runs.c.branch, runs.c.started, runs.c.added,
                            runs.c.profile, metrics.c.cell, metrics.c.metric, metrics.c.unit,
-                           metrics.c.value, metrics.c.n, metrics.c.launches, cells.c.counters)
+                           metrics.c.value, metrics.c.n, metrics.c.min, metrics.c.launches,
+                           cells.c.counters)
                  .join(metrics, metrics.c.run_id == runs.c.id)
                  .join(cells, sa.and_(cells.c.run_id == metrics.c.run_id, cells.c.cell == metrics.c.cell))
                  .where(cells.c.status == "ok", metrics.c.metric == metric)
@@ -179,7 +183,8 @@ class History:
         for row in rows:
             if cell and _is_glob(cell) and not fnmatchcase(row["cell"], cell):
                 continue
-            value = run_value(row["value"], row["launches"])
+            value = run_value(row["value"], row["launches"], metric=metric, statistic=launch_statistic,
+                              minimum=row["min"])
             if value is None:
                 continue
             key = (row["cell"], row["metric"], row["profile"])

@@ -3,7 +3,8 @@ built from this machine's own measured launches.
 
 Each series is a nightly history of ``commits`` commits, one run per commit;
 a run is R launches of a cell and its value is the median of their launch
-medians, as ``history`` takes it from a run with ``--repeats R``. A launch
+floors (fastest steps; or medians, ``--launch-statistic median``), as
+``history`` takes it from a run with ``--repeats R``. A launch
 is drawn from the launches this machine measured of unchanged code (its real
 between-launch noise): the A/B sessions' ``ab.json`` under ``.perfsuite``
 (side A, and side B where it ran the same code), else the baselines'
@@ -43,10 +44,12 @@ class NoNoise(Exception):
 
 @dataclass
 class Noise:
-    """Logs of launch medians over their cell's median (``values``), grouped
-    by session; or, from a recorded spread only, a normal model (``sd``)."""
+    """Logs of launch floors or medians (``statistic``) over their cell's
+    median (``values``), grouped by session; or, from a recorded spread only,
+    a normal model (``sd``)."""
 
     source: str
+    statistic: str = "floor"
     values: np.ndarray | None = None
     sessions: list[np.ndarray] = field(default_factory=list)
     sd: float | None = None
@@ -111,7 +114,11 @@ def _same_code(sides: dict[str, Any]) -> bool:
     return all(a.get(k) == b.get(k) for k in keys)
 
 
-def _from_ab(runs_dir: Path) -> Noise | None:
+def _launch_value(samples: list[float], statistic: str) -> float:
+    return float(np.min(samples)) if statistic == "floor" else float(np.median(samples))
+
+
+def _from_ab(runs_dir: Path, statistic: str) -> Noise | None:
     per_cell: dict[str, list[tuple[int, float]]] = {}
     files = sorted(runs_dir.rglob("ab.json")) if runs_dir.is_dir() else []
     used = []
@@ -129,14 +136,14 @@ def _from_ab(runs_dir: Path) -> Noise | None:
                 if launch.get("status") != "ok" or not samples:
                     continue
                 if launch.get("side") == "A" or both:
-                    per_cell.setdefault(cell["id"], []).append((session, math.log(float(np.median(samples)))))
+                    per_cell.setdefault(cell["id"], []).append((session, math.log(_launch_value(samples, statistic))))
         used.append(path)
     where = sorted({str(p.parent.parent.parent) for p in used})
-    return _grouped(per_cell, f"{len(used)} A/B sessions' ab.json under {', '.join(where[:3])} "
-                              "(launch medians; side B only where it ran the same code)")
+    return _grouped(per_cell, statistic, f"{len(used)} A/B sessions' ab.json under {', '.join(where[:3])} "
+                                         f"(launch {statistic}s; side B only where it ran the same code)")
 
 
-def _from_runs(runs_dir: Path) -> Noise | None:
+def _from_runs(runs_dir: Path, statistic: str) -> Noise | None:
     """Launch medians of cells a run launched several times (``perfsuite run
     --repeats R``, ``--perf-repeats R``): the form a nightly run takes, each
     results.json one session."""
@@ -152,18 +159,18 @@ def _from_runs(runs_dir: Path) -> Noise | None:
         took = False
         for cell in cells if isinstance(cells, list) else []:
             step = (cell.get("metrics") or {}).get("step_time") or {} if cell.get("status") == "ok" else {}
-            medians = [m for m in step.get("launch_medians") or [] if isinstance(m, (int, float)) and m > 0]
-            if len(medians) >= 2:
-                per_cell.setdefault(cell["id"], []).extend((session, math.log(m)) for m in medians)
+            launched = [m for m in step.get(f"launch_{statistic}s") or [] if isinstance(m, (int, float)) and m > 0]
+            if len(launched) >= 2:
+                per_cell.setdefault(cell["id"], []).extend((session, math.log(m)) for m in launched)
                 took = True
         if took:
             used.append(path)
     where = sorted({str(p.parent.parent) for p in used})
-    return _grouped(per_cell, f"{len(used)} runs' results.json under {', '.join(where[:3])} "
-                              "(launch medians of cells launched 2+ times)")
+    return _grouped(per_cell, statistic, f"{len(used)} runs' results.json under {', '.join(where[:3])} "
+                                         f"(launch {statistic}s of cells launched 2+ times)")
 
 
-def _grouped(per_cell: dict[str, list[tuple[int, float]]], source: str) -> Noise | None:
+def _grouped(per_cell: dict[str, list[tuple[int, float]]], statistic: str, source: str) -> Noise | None:
     """Logs centred on their cell's median, grouped by (cell, session)."""
     if sum(len(v) for v in per_cell.values()) < MIN_LAUNCHES:
         return None
@@ -173,7 +180,7 @@ def _grouped(per_cell: dict[str, list[tuple[int, float]]], source: str) -> Noise
         for session, v in rows:
             values.append(v - centre)
             sessions.setdefault((cell_id, session), []).append(v - centre)
-    return Noise(source=source, values=np.array(values),
+    return Noise(source=source, statistic=statistic, values=np.array(values),
                  sessions=[np.array(s) for s in sessions.values()], cells=sorted(per_cell))
 
 
@@ -192,7 +199,7 @@ def _profile_dirs(baselines: Path) -> list[Path]:
     return [p for p in dirs if p.name == mine] or dirs
 
 
-def _from_samples(baselines: Path) -> Noise | None:
+def _from_samples(baselines: Path, statistic: str) -> Noise | None:
     values, cells, used = [], [], []
     for folder in _profile_dirs(baselines):
         try:
@@ -202,7 +209,7 @@ def _from_samples(baselines: Path) -> Noise | None:
         for key, launches in data.items():
             if not key.endswith(":step_time") or not isinstance(launches, list):
                 continue
-            logs = [math.log(float(np.median(s))) for s in launches
+            logs = [math.log(_launch_value(s, statistic)) for s in launches
                     if isinstance(s, list) and s and min(s) > 0]
             if len(logs) < 2:
                 continue
@@ -214,31 +221,34 @@ def _from_samples(baselines: Path) -> Noise | None:
         used.append(folder.name)
     if len(values) < MIN_LAUNCHES:
         return None
-    return Noise(source=f"baselines' samples.json ({', '.join(used)}; launch medians as deviations "
-                        "from their cell's mean)", values=np.array(values), cells=cells)
+    return Noise(source=f"baselines' samples.json ({', '.join(used)}; launch {statistic}s as deviations "
+                        "from their cell's mean)", statistic=statistic, values=np.array(values), cells=cells)
 
 
-def _from_spread(baselines: Path) -> Noise | None:
+def _from_spread(baselines: Path, statistic: str) -> Noise | None:
     best = None
     for folder in _profile_dirs(baselines):
         try:
             spread = json.loads((folder / "profile.json").read_text()).get("launch_spread") or {}
         except (OSError, ValueError):
             continue
-        entry = spread.get("median") or spread.get("floor")
+        entry = spread.get(statistic)
         if entry and entry.get("log_sd") and (best is None or entry.get("dof", 0) > best[1].get("dof", 0)):
             best = (folder.name, entry)
     if best is None:
         return None
-    return Noise(source=f"the launch_spread recorded in baselines/{best[0]}/profile.json "
-                        f"(dof {best[1].get('dof')})", sd=float(best[1]["log_sd"]))
+    return Noise(source=f"the launch_spread of launch {statistic}s recorded in baselines/{best[0]}/"
+                        f"profile.json (dof {best[1].get('dof')})", statistic=statistic,
+                 sd=float(best[1]["log_sd"]))
 
 
-def load_noise(runs_dir: Path | str = ".perfsuite", baselines: Path | str = "baselines") -> Noise:
-    """This machine's between-launch noise, from the best source there is."""
-    for source in (lambda: _from_runs(Path(runs_dir)), lambda: _from_ab(Path(runs_dir)),
-                   lambda: _from_samples(Path(baselines)),
-                   lambda: _from_spread(Path(baselines))):
+def load_noise(runs_dir: Path | str = ".perfsuite", baselines: Path | str = "baselines",
+               statistic: str = "floor") -> Noise:
+    """This machine's between-launch noise of launch floors (or medians),
+    from the best source there is."""
+    for source in (lambda: _from_runs(Path(runs_dir), statistic), lambda: _from_ab(Path(runs_dir), statistic),
+                   lambda: _from_samples(Path(baselines), statistic),
+                   lambda: _from_spread(Path(baselines), statistic)):
         noise = source()
         if noise is not None:
             return noise
@@ -303,7 +313,7 @@ def run(noise: Noise, *, series: int = 20, launches: list[int] | None = None, co
     drawn = ("a session's shift plus R launches drawn from the deviations within sessions" if by_session
              else "R launches drawn from all launches")
     print(f"{series} series per figure, {commits} commits each, one run per commit: {drawn} (its value: "
-          f"the median of its launch medians); Apache Otava E-Divisive, p <= {max_pvalue:g}, windows of "
+          f"the median of its launch {noise.statistic}s); Apache Otava E-Divisive, p <= {max_pvalue:g}, windows of "
           f"{DEFAULT_WINDOW}", file=out)
     n = series
     print(f"{'R':>3}  {f'{step:.0%} step at its commit':>24}  {'(within 1)':>10}  "

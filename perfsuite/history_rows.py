@@ -132,12 +132,28 @@ def rows_of_cells(cell_results: list[dict[str, Any]]) -> tuple[list[dict], list[
     return cell_rows, metric_rows
 
 
-def run_value(value: float | None, launches: Mapping[str, Any] | None) -> float | None:
-    """A run's point in a series: the median of its launch medians where the
-    cell was launched more than once (a noisy launch moves it least), else
-    the metric's value."""
-    medians = (launches or {}).get("medians") or []
-    if len(medians) >= 2:
-        return float(np.median(medians))
+# What each launch of a step time contributes to a run's point (as for
+# ``perfsuite ab``): "floor", its fastest step, or "median", its median step.
+LAUNCH_STATISTICS = ("floor", "median")
+DEFAULT_LAUNCH_STATISTIC = "floor"
+
+
+def launch_key(metric: str, statistic: str) -> str:
+    """Which of a metric's stored launch values a series takes: floors only
+    for step times (other metrics keep no launches of their own)."""
+    return "floors" if statistic == "floor" and metric == "step_time" else "medians"
+
+
+def run_value(value: float | None, launches: Mapping[str, Any] | None, *, metric: str = "step_time",
+              statistic: str = DEFAULT_LAUNCH_STATISTIC, minimum: float | None = None) -> float | None:
+    """A run's point in a series. A step time launched more than once: the
+    median over its launches of each one's floor (fastest step) or median
+    (a noisy launch moves it least); launched once: its floor (the samples'
+    minimum) or its value. Another metric: its value."""
+    per_launch = (launches or {}).get(launch_key(metric, statistic)) or []
+    if len(per_launch) >= 2:
+        return float(np.median(per_launch))
+    if launch_key(metric, statistic) == "floors" and finite_number(minimum) is not None:
+        return finite_number(minimum)
     return finite_number(value)
 

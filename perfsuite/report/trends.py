@@ -4,10 +4,10 @@ over commits, the change points marked, each hardware profile its own series.
 Read from a history store (``perfsuite.history.History``): one figure per
 cell and metric, x the commits in the order they were first measured (short
 sha labels), y the commit's value (``Point.value``: the median of its runs,
-a run's value the median of its launch medians when it was launched more
-than once) with the spread where the store has it as error bars (the range
-of the launch medians, or of the runs, of that commit; else the run's
-samples' IQR around the value). A change point found by Apache Otava's
+a step time's run the median of its launches' floors, or medians, when it
+was launched more than once: ``History.series``) with the spread where the
+store has it as error bars (the range of those launch values, or of the
+runs, of that commit; else the run's samples' IQR around the value). A change point found by Apache Otava's
 E-Divisive (``perfsuite.history_changes.find_changes``) is a vertical line
 at its first bad commit with its ratio and interval; each hardware profile
 is its own series (colour, marker) and a dash-dot line marks where the
@@ -59,19 +59,21 @@ class Trend:
 # ----------------------------------------------------------------------------- reading the store
 
 def _matching(history: Any, cells: Sequence[str] | None, metric: str, since: str | None,
-              branch: str | None) -> dict[tuple[str, str, str], list]:
+              branch: str | None, statistic: str) -> dict[tuple[str, str, str], list]:
     if not cells:
-        return history.series(metric=metric, since=since, branch=branch)
+        return history.series(metric=metric, since=since, branch=branch, launch_statistic=statistic)
     out: dict[tuple[str, str, str], list] = {}
     for pattern in cells:
-        out.update(history.series(cell=pattern, metric=metric, since=since, branch=branch))
+        out.update(history.series(cell=pattern, metric=metric, since=since, branch=branch,
+                                  launch_statistic=statistic))
     return dict(sorted(out.items()))
 
 
-def _stored_spread(history: Any, metric: str) -> dict[tuple[int, str], tuple[float | None, list]]:
-    """(run id, cell) -> (IQR of the run's samples, its launch medians) of ``metric``."""
+def _stored_spread(history: Any, metric: str, statistic: str) -> dict[tuple[int, str], tuple[float | None, list]]:
+    """(run id, cell) -> (IQR of the run's samples, its launch values) of ``metric``."""
     import sqlalchemy as sa
 
+    from perfsuite.history_rows import launch_key
     from perfsuite.history_schema import metrics as metrics_table
 
     query = sa.select(metrics_table.c.run_id, metrics_table.c.cell, metrics_table.c.iqr,
@@ -80,7 +82,8 @@ def _stored_spread(history: Any, metric: str) -> dict[tuple[int, str], tuple[flo
         rows = conn.execute(query).all()
     out = {}
     for run_id, cell, iqr, launches in rows:
-        medians = [float(v) for v in (launches or {}).get("medians") or [] if _finite(v)]
+        medians = [float(v) for v in (launches or {}).get(launch_key(metric, statistic)) or []
+                   if _finite(v)]
         out[(run_id, cell)] = (float(iqr) if _finite(iqr) else None, medians)
     return out
 
@@ -113,15 +116,17 @@ def point_spread(point: Any, cell: str, stored: dict) -> tuple[float, float, str
 def read_trends(history: Any, cells: Sequence[str] | None = None,
                 metrics: Iterable[str] = DEFAULT_METRICS, *, since: str | None = None,
                 branch: str | None = None, max_pvalue: float | None = None,
-                window: int | None = None) -> list[Trend]:
+                window: int | None = None, launch_statistic: str | None = None) -> list[Trend]:
     """Every series of the given cells (ids or globs; None: all) and metrics,
     with its change points and error bars."""
     from perfsuite.history_changes import DEFAULT_MAX_PVALUE, DEFAULT_WINDOW, find_changes
+    from perfsuite.history_rows import DEFAULT_LAUNCH_STATISTIC
 
+    statistic = launch_statistic or DEFAULT_LAUNCH_STATISTIC
     trends = []
     for metric in dict.fromkeys(metrics):
-        series = _matching(history, cells, metric, since, branch)
-        stored = _stored_spread(history, metric) if series else {}
+        series = _matching(history, cells, metric, since, branch, statistic)
+        stored = _stored_spread(history, metric, statistic) if series else {}
         for (cell, name, profile), points in series.items():
             changes = find_changes(points, cell=cell, metric=name, profile=profile,
                                    max_pvalue=max_pvalue or DEFAULT_MAX_PVALUE,
@@ -379,7 +384,8 @@ def write_trends(url: str | os.PathLike | None, out_path: Path | str | None = No
     """Write the trends page of the history at ``url`` (None: the default
     store, which must exist) to ``out_path`` (None: ``default_out``): the
     given cells (ids or globs; None: all) and metrics. ``options``: since,
-    branch, max_pvalue, window (as ``perfsuite history changes`` has them).
+    branch, max_pvalue, window, launch_statistic (as ``perfsuite history
+    changes`` has them).
     Raises HistoryError when the store cannot be read, LookupError when
     ``cells`` match no series (nothing is written then)."""
     return write_trends_page(url, out_path, cells, metrics, **options)[0]
@@ -389,21 +395,24 @@ def write_trends_page(url: str | os.PathLike | None, out_path: Path | str | None
                       cells: Sequence[str] | str | None = None,
                       metrics: Sequence[str] | str = DEFAULT_METRICS, *, since: str | None = None,
                       branch: str | None = None, max_pvalue: float | None = None,
-                      window: int | None = None) -> tuple[Path, list[Trend]]:
+                      window: int | None = None,
+                      launch_statistic: str | None = None) -> tuple[Path, list[Trend]]:
     """``write_trends``, returning the series the page shows as well. Raises
     LookupError, writing nothing, when ``cells`` match no series."""
     from perfsuite.history import History
     from perfsuite.history_changes import DEFAULT_MAX_PVALUE, DEFAULT_WINDOW
+    from perfsuite.history_rows import DEFAULT_LAUNCH_STATISTIC
     from perfsuite.history_schema import shown_url
 
     cells = [cells] if isinstance(cells, str) else list(cells or []) or None
     metrics = [metrics] if isinstance(metrics, str) else list(metrics or DEFAULT_METRICS)
     out_path = Path(out_path) if out_path is not None else default_out(url)
     settings = {"max_pvalue": max_pvalue or DEFAULT_MAX_PVALUE, "window": window or DEFAULT_WINDOW,
+                "launch_statistic": launch_statistic or DEFAULT_LAUNCH_STATISTIC,
                 "since": since, "branch": branch}
     with History(url, create=False) as history:
         trends = read_trends(history, cells, metrics, since=since, branch=branch,
-                             max_pvalue=max_pvalue, window=window)
+                             max_pvalue=max_pvalue, window=window, launch_statistic=launch_statistic)
         store = shown_url(history.url)
     if cells and not trends:  # a name that matches nothing must not overwrite a page quietly
         raise LookupError(f"no {', '.join(metrics)} history of {', '.join(cells)} "

@@ -101,7 +101,8 @@ def test_a_run_is_kept_with_its_commit_profile_metrics_counters_and_verdicts(tmp
     assert step["n"] == 11 and step["median"] == pytest.approx(0.1) and step["min"] == pytest.approx(0.0995)
     assert step["iqr"] == pytest.approx(0.0004) and step["launches"]["medians"] == pytest.approx([0.098, 0.1, 0.101, 0.103])
     assert metric[(CELLS[0], "loss")]["value"] is None  # a null metric is kept as null
-    assert history_rows.run_value(step["value"], step["launches"]) == pytest.approx(0.1005)
+    assert history_rows.run_value(step["value"], step["launches"], statistic="median") == pytest.approx(0.1005)
+    assert history_rows.run_value(step["value"], step["launches"]) == pytest.approx(0.1005 * 0.97)  # floors
 
 
 def test_the_same_run_added_twice_is_kept_once(tmp_path):
@@ -219,8 +220,10 @@ def test_a_version_0_store_is_migrated_and_a_newer_one_refused(tmp_path):
         assert store.version == history_schema.SCHEMA_VERSION
         [old] = store.all_runs()
         assert old["branch"] is None and old["software"] == {"torch": "2.1.0"}
-        [[point]] = store.series(cell="smoke/a").values()
+        [[point]] = store.series(cell="smoke/a", launch_statistic="median").values()
         assert (point.commit, point.value, point.profile) == ("old1", 0.25, "cpu-x-2c")
+        [[point]] = store.series(cell="smoke/a").values()
+        assert point.value == 0.2  # one launch: its floor, the samples' minimum
         assert store.add_run(write_run(tmp_path, "new", started=40.0), commit="new1").new
     assert rows(path, history_schema.meta) == [{"key": "schema_version", "value": str(history_schema.SCHEMA_VERSION)}]
     with History(path) as store:  # opened again: nothing left to migrate
@@ -296,9 +299,14 @@ def test_show_merges_runs_of_one_commit_and_usage_errors_exit_2(tmp_path, capsys
     with History(url) as store:
         store.add_run(write_run(tmp_path, "r1", started=1.0, step=0.1), commit="samecommit1", branch="-")
         store.add_run(write_run(tmp_path, "r2", started=2.0, step=0.3, repeats=4), commit="samecommit1")
-    assert cli.main(["history", "show", CELLS[0], "--url", url]) == 0
-    out = capsys.readouterr().out
+    assert cli.main(["history", "show", CELLS[0], "--url", url, "--launch-statistic", "median"]) == 0
+    out = capsys.readouterr().out  # the median of (0.1: one launch's median, 0.3015: of four launches)
     assert "samecommit1" in out and "0.20075 s" in out and "(2 runs)" in out and "      5  -" in out
+    assert cli.main(["history", "show", CELLS[0], "--url", url]) == 0  # floors: 0.0995, 0.3 * 1.005 * 0.97
+    assert "0.195978 s" in capsys.readouterr().out  # (0.0995 + 0.3 * 1.005 * 0.97) / 2 = 0.1959775
+    with History(url) as store:  # a throughput keeps its value whatever a step time takes
+        (points,) = store.series(cell=CELLS[0], metric="throughput").values()
+    assert points[0].values == pytest.approx([16 / 0.1, 16 / 0.3])
     assert cli.main(["history", "show", CELLS[0][:-1], "--url", url]) == 2
     assert f"did you mean {CELLS[0]}" in capsys.readouterr().err
     assert cli.main(["history", "changes", "--url", str(tmp_path / "missing.sqlite")]) == 2
@@ -325,6 +333,8 @@ def test_the_runners_hook_defaults_to_the_sqlite_file_under_perfsuite(tmp_path, 
     assert history_schema.resolve_url("sqlite:///x.db") == "sqlite:///x.db"
     assert (cli_history.DEFAULT_METRIC, cli_history.DEFAULT_MAX_PVALUE, cli_history.DEFAULT_WINDOW) == (
         history.DEFAULT_METRIC, history_changes.DEFAULT_MAX_PVALUE, history_changes.DEFAULT_WINDOW)
+    assert (cli_history.LAUNCH_STATISTICS, cli_history.DEFAULT_LAUNCH_STATISTIC) == (
+        history_rows.LAUNCH_STATISTICS, history_rows.DEFAULT_LAUNCH_STATISTIC)
 
 
 def ab_json(path, sessions=2, launches=12, seed=3):
@@ -358,8 +368,10 @@ def test_detection_benchmark_on_two_tiny_series(tmp_path, capsys, monkeypatch):
     (tmp_path / "baselines" / "cpu-x-2c").mkdir(parents=True)
     (tmp_path / "baselines" / "cpu-x-2c" / "profile.json").write_text(
         json.dumps({"launch_spread": {"median": {"log_sd": 0.01, "dof": 5}}}))
-    noise = history_detection.load_noise(tmp_path / "nothing", tmp_path / "baselines")
-    assert "launch_spread recorded in baselines/cpu-x-2c" in noise.describe()
+    noise = history_detection.load_noise(tmp_path / "nothing", tmp_path / "baselines", "median")
+    assert "launch_spread of launch medians recorded in baselines/cpu-x-2c" in noise.describe()
+    with pytest.raises(history_detection.NoNoise):  # no spread of floors recorded
+        history_detection.load_noise(tmp_path / "nothing", tmp_path / "baselines")
     counts = history_detection.figures(noise, series=2, launches=2)
     assert counts["step"] == 2 and counts["unchanged"] == 0 and counts["drift"] == 2
     assert cli.main(["history", "detection", "--runs-dir", str(tmp_path / "nothing"),
@@ -375,7 +387,9 @@ def test_detection_takes_repeated_launches_of_runs_before_ab_sessions(tmp_path):
     ab_json(tmp_path / "runs", sessions=2)  # present, but the runs come first
     for session, shift in enumerate((0.0, 0.03, -0.02)):
         medians = list(0.1 * np.exp(shift + rng.normal(0, 0.01, 6)))
-        cells = [{"id": "smoke/y", "status": "ok", "metrics": {"step_time": {"launch_medians": medians}}},
+        floors = [m * 0.8 for m in medians]
+        cells = [{"id": "smoke/y", "status": "ok",
+                  "metrics": {"step_time": {"launch_medians": medians, "launch_floors": floors}}},
                  {"id": "smoke/once", "status": "ok", "metrics": {"step_time": {"value": 0.1}}},
                  {"id": "smoke/bad", "status": "error", "metrics": {"step_time": {"launch_medians": [1, 2]}}}]
         out = tmp_path / "runs" / f"night{session}"
@@ -385,7 +399,9 @@ def test_detection_takes_repeated_launches_of_runs_before_ab_sessions(tmp_path):
     (tmp_path / "runs" / "torn" / "results.json").write_text("{not json")
     noise = history_detection.load_noise(tmp_path / "runs", tmp_path / "none")
     assert noise.cells == ["smoke/y"] and noise.values.size == 18 and len(noise.sessions) == 3
-    assert noise.describe().startswith("3 runs' results.json under ")
+    assert noise.describe().startswith("3 runs' results.json under ") and "launch floors" in noise.describe()
+    medians = history_detection.load_noise(tmp_path / "runs", tmp_path / "none", "median")
+    assert np.allclose(medians.values, noise.values) and "launch medians" in medians.describe()
     assert 0.015 < noise.session_sd() < 0.05  # the shifts given, seen through 6 launches each
     assert abs(float(np.std(noise.within(), ddof=1)) - 0.01) < 0.005
 
