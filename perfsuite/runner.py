@@ -297,6 +297,8 @@ class Runner:
             return record_run_in_history(self.file.path, url)
         except HistoryError as err:
             return f"history: not stored: {err}"
+        except Exception as err:  # noqa: BLE001 - a full disk, a database gone: the run stands
+            return f"history: not stored: {type(err).__name__}: {err}"
 
     @property
     def results(self) -> list[dict[str, Any]]:

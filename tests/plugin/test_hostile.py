@@ -239,3 +239,30 @@ def test_a_report_that_cannot_be_written_is_a_sentence(tmp_path, capsys, monkeyp
     assert cli_main(["report", str(run)]) == 2
     err = capsys.readouterr().err
     assert "Permission denied" in err and "Traceback" not in err
+
+
+def test_a_disk_that_fills_mid_session_fails_the_cell_with_a_sentence_and_stops(pytester):
+    pytester.makeconftest("""
+import perfsuite.results
+
+written = []
+
+def write(self):  # the session's start and its first cell land; the disk is full from then on
+    if len(written) == 2:
+        raise OSError(28, "No space left on device")
+    written.append(self.path)
+    ORIGINAL(self)
+
+ORIGINAL = perfsuite.results.ResultsFile.write
+perfsuite.results.ResultsFile.write = write
+""")
+    pytester.makepyfile(CELL_TEST)
+    out = pytester.path / "out"
+    run = pytester.runpytest("--perf-tier", "gate", "--perf-out", str(out), NO_GPU, "-k", "g1 or g2",
+                             "--perf-history", "off")
+    run.assert_outcomes(skipped=1, errors=1)  # in perf_result's setup; then pytest stops there
+    text = run.stdout.str()
+    assert "its result could not be written (No space left on device)" in text
+    assert "run again with --perf-resume" in text and "Traceback" not in text
+    assert "Interrupted: perfsuite: cannot write under" in text
+    assert len(json.loads((out / "results.json").read_text())["cells"]) == 1  # the first is kept
