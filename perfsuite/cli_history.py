@@ -243,7 +243,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
                                          "commit, a 1 %%-per-commit drift, and nothing in unchanged "
                                          "code, on series built from this machine's measured launches")
     p.add_argument("--series", type=int, default=20, help="series per figure")
-    p.add_argument("--launches", default="1,4,16,32", metavar="N[,N...]",
+    p.add_argument("--launches", default="1,4,16,32,64", metavar="N[,N...]",
                    help="launches per nightly run (its value: their medians' median)")
     p.add_argument("--commits", type=int, default=30, help="commits per series")
     p.add_argument("--step", type=float, default=0.07, help="the step's size")

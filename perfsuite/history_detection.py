@@ -305,7 +305,7 @@ def run(noise: Noise, *, series: int = 20, launches: list[int] | None = None, co
     import sys
 
     out = out or sys.stdout
-    launches = launches or [1, 4, 16, 32]
+    launches = launches or [1, 4, 16, 32, 64]
     if by_session and not noise.can_split_sessions():
         by_session = False
         print("(--by-session: too few sessions in this noise source; launches drawn from all)", file=out)

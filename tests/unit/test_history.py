@@ -416,9 +416,12 @@ def _free_port():
 @pytest.fixture(scope="module")
 def postgres_url():
     """A PostgreSQL server for this module only, on a Unix socket in a temp dir."""
-    tools = {name: shutil.which(name) for name in ("initdb", "pg_ctl")}
+    # On PATH, else where Debian's postgresql packages put them (not on PATH).
+    debian = os.pathsep.join(sorted(map(str, Path("/usr/lib/postgresql").glob("*/bin")), reverse=True))
+    tools = {name: shutil.which(name) or shutil.which(name, path=debian) for name in ("initdb", "pg_ctl")}
     if not all(tools.values()):
-        pytest.skip("no PostgreSQL server here (initdb, pg_ctl not on PATH): the PostgreSQL store is untested")
+        pytest.skip("no PostgreSQL server here (initdb, pg_ctl neither on PATH nor under /usr/lib/postgresql; "
+                    "apt-get install postgresql): the PostgreSQL store is untested")
     try:
         import psycopg  # noqa: F401
     except ImportError:
