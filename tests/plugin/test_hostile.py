@@ -242,19 +242,26 @@ def test_a_report_that_cannot_be_written_is_a_sentence(tmp_path, capsys, monkeyp
 
 
 def test_a_disk_that_fills_mid_session_fails_the_cell_with_a_sentence_and_stops(pytester):
+    # pytester runs in this process: the patch must end with its session.
     pytester.makeconftest("""
+import pytest
+
 import perfsuite.results
 
-written = []
 
-def write(self):  # the session's start and its first cell land; the disk is full from then on
-    if len(written) == 2:
-        raise OSError(28, "No space left on device")
-    written.append(self.path)
-    ORIGINAL(self)
+@pytest.fixture(scope="session", autouse=True)
+def disk_full_after_the_first_cell():
+    original, written = perfsuite.results.ResultsFile.write, []
 
-ORIGINAL = perfsuite.results.ResultsFile.write
-perfsuite.results.ResultsFile.write = write
+    def write(self):  # the session's start and its first cell land; then the disk is full
+        if len(written) == 2:
+            raise OSError(28, "No space left on device")
+        written.append(self.path)
+        original(self)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(perfsuite.results.ResultsFile, "write", write)
+        yield
 """)
     pytester.makepyfile(CELL_TEST)
     out = pytester.path / "out"
@@ -266,3 +273,6 @@ perfsuite.results.ResultsFile.write = write
     assert "run again with --perf-resume" in text and "Traceback" not in text
     assert "Interrupted: perfsuite: cannot write under" in text
     assert len(json.loads((out / "results.json").read_text())["cells"]) == 1  # the first is kept
+    from perfsuite.results import ResultsFile
+
+    assert ResultsFile.write.__module__ == "perfsuite.results"  # nothing left patched here
