@@ -7,9 +7,10 @@ handing it ``perf_dist`` and ``perf_steps`` (``perfsuite.steps``), and
 returns what ``perf_steps`` measured, as any workload returns its record.
 A test that fails in the rank raises its own exception here (an
 AssertionError with pytest's explanation), so the rank's record, and the
-cell's reason, carry that rank's message; one that skips itself (``pytest.skip``,
-a ``skipif``, an ``xfail`` that failed as expected) skips the cell with its reason; the worker's record, progress and
-stack files give a raise, a hang or a kill the diagnosis of any cell.
+cell's reason, carry that rank's message; one that skips itself
+(``pytest.skip``, a ``skipif``, an ``xfail`` that failed as expected) skips
+the cell with its reason; the worker's record, progress and stack files
+give a raise, a hang or a kill the diagnosis of any cell.
 
 The test is found from the launcher's pytest root: ``$PERFSUITE_PYTEST_ROOTDIR``
 and ``$PERFSUITE_PYTEST_INIFILE`` (the plugin sets them for its launches),
