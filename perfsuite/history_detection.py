@@ -118,15 +118,23 @@ def _launch_value(samples: list[float], statistic: str) -> float:
     return float(np.min(samples)) if statistic == "floor" else float(np.median(samples))
 
 
-def _from_ab(runs_dir: Path, statistic: str) -> Noise | None:
-    per_cell: dict[str, list[tuple[int, float]]] = {}
-    files = sorted(runs_dir.rglob("ab.json")) if runs_dir.is_dir() else []
-    used = []
+def _sessions(runs_dir: Path, name: str):
+    """(session index, path, data) of every readable JSON file ``name`` under
+    ``runs_dir``, each one session."""
+    files = sorted(runs_dir.rglob(name)) if runs_dir.is_dir() else []
     for session, path in enumerate(files):
         try:
             data = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
+        if isinstance(data, dict):
+            yield session, path, data
+
+
+def _from_ab(runs_dir: Path, statistic: str) -> Noise | None:
+    per_cell: dict[str, list[tuple[int, float]]] = {}
+    used = []
+    for session, path, data in _sessions(runs_dir, "ab.json"):
         if not str(data.get("schema", "")).startswith("perfsuite.ab"):
             continue
         both = _same_code((data.get("settings") or {}).get("sides") or {})
@@ -144,18 +152,13 @@ def _from_ab(runs_dir: Path, statistic: str) -> Noise | None:
 
 
 def _from_runs(runs_dir: Path, statistic: str) -> Noise | None:
-    """Launch medians of cells a run launched several times (``perfsuite run
-    --repeats R``, ``--perf-repeats R``): the form a nightly run takes, each
-    results.json one session."""
+    """Launch floors or medians of cells a run launched several times
+    (``perfsuite run --repeats R``, ``--perf-repeats R``): the form a nightly
+    run takes, each results.json one session."""
     per_cell: dict[str, list[tuple[int, float]]] = {}
-    files = sorted(runs_dir.rglob("results.json")) if runs_dir.is_dir() else []
     used = []
-    for session, path in enumerate(files):
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        cells = data.get("cells") if isinstance(data, dict) else None
+    for session, path, data in _sessions(runs_dir, "results.json"):
+        cells = data.get("cells")
         took = False
         for cell in cells if isinstance(cells, list) else []:
             step = (cell.get("metrics") or {}).get("step_time") or {} if cell.get("status") == "ok" else {}
