@@ -31,6 +31,7 @@ import numpy as np
 
 from perfsuite.history import Point
 from perfsuite.history_changes import DEFAULT_MAX_PVALUE, DEFAULT_WINDOW, find_changes
+from perfsuite.launchstats import LAUNCH_STATISTICS
 
 TARGETS = {"step": 19 / 20, "unchanged": 1 / 20, "drift": 16 / 20}
 DRIFT_COMMITS = 10
@@ -114,10 +115,6 @@ def _same_code(sides: dict[str, Any]) -> bool:
     return all(a.get(k) == b.get(k) for k in keys)
 
 
-def _launch_value(samples: list[float], statistic: str) -> float:
-    return float(np.min(samples)) if statistic == "floor" else float(np.median(samples))
-
-
 def _sessions(runs_dir: Path, name: str):
     """(session index, path, data) of every readable JSON file ``name`` under
     ``runs_dir``, each one session."""
@@ -144,7 +141,8 @@ def _from_ab(runs_dir: Path, statistic: str) -> Noise | None:
                 if launch.get("status") != "ok" or not samples:
                     continue
                 if launch.get("side") == "A" or both:
-                    per_cell.setdefault(cell["id"], []).append((session, math.log(_launch_value(samples, statistic))))
+                    value = float(LAUNCH_STATISTICS[statistic](samples))
+                    per_cell.setdefault(cell["id"], []).append((session, math.log(value)))
         used.append(path)
     where = sorted({str(p.parent.parent.parent) for p in used})
     return _grouped(per_cell, statistic, f"{len(used)} A/B sessions' ab.json under {', '.join(where[:3])} "
@@ -212,7 +210,7 @@ def _from_samples(baselines: Path, statistic: str) -> Noise | None:
         for key, launches in data.items():
             if not key.endswith(":step_time") or not isinstance(launches, list):
                 continue
-            logs = [math.log(_launch_value(s, statistic)) for s in launches
+            logs = [math.log(float(LAUNCH_STATISTICS[statistic](s))) for s in launches
                     if isinstance(s, list) and s and min(s) > 0]
             if len(logs) < 2:
                 continue

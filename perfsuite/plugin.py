@@ -270,16 +270,14 @@ def judged_result(perf_cell: cells_mod.Cell, perf_session: Runner,
                     "would measure on top of each other and each rewrite results.json. Run the "
                     "perf tests in one process (-n 0, or -p no:xdist)", pytrace=False)
     try:
-        result, unwritten = perf_session.result(perf_cell), None
+        result = perf_session.result(perf_cell)
     except OSError as err:  # a full disk, a mount gone read-only: every later cell would fail too
-        result, unwritten = None, err
-    if unwritten is not None:
-        err = unwritten
         request.session.shouldstop = f"perfsuite: cannot write under {perf_session.out_dir}"
-        pytest.fail(f"{perf_cell.id}: its result could not be written ({err.strerror or err}); "
-                    f"{perf_session.file.path} keeps every cell written before it. The session "
-                    "stops here: make room (or choose another --perf-out), then run again with "
-                    "--perf-resume", pytrace=False)
+        raise pytest.fail.Exception(
+            f"{perf_cell.id}: its result could not be written ({err.strerror or err}); "
+            f"{perf_session.file.path} keeps every cell written before it. The session stops "
+            "here: make room (or choose another --perf-out), then run again with --perf-resume",
+            pytrace=False) from None
     # JUnit XML: xunit2 (pytest's default) allows no <properties> in a <testcase>;
     # there the cell's figures go to <testsuite> properties, named by cell.
     if request.config.getini("junit_family") in ("xunit1", "legacy"):

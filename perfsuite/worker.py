@@ -179,8 +179,9 @@ def main(argv: list[str] | None = None) -> int:
         _end_process_group()
         record["status"] = "ok"
     except BaseException as err:  # noqa: BLE001 - the record must say what happened
-        if skip_reason(err) is not None:  # the workload's own pytest.skip: not a failure
-            record["status"], record["reason"] = "skipped", skip_reason(err)
+        skipped = skip_reason(err)
+        if skipped is not None:  # the workload's own pytest.skip: not a failure
+            record["status"], record["reason"] = "skipped", skipped
             record["finished"] = time.time()
             atomic_write_json(args.out / f"rank{ctx.rank}.json", record)
             return 0

@@ -82,9 +82,9 @@ def _stored_spread(history: Any, metric: str, statistic: str) -> dict[tuple[int,
         rows = conn.execute(query).all()
     out = {}
     for run_id, cell, iqr, launches in rows:
-        medians = [float(v) for v in (launches or {}).get(launch_key(metric, statistic)) or []
-                   if _finite(v)]
-        out[(run_id, cell)] = (float(iqr) if _finite(iqr) else None, medians)
+        launched = [float(v) for v in (launches or {}).get(launch_key(metric, statistic)) or []
+                    if _finite(v)]
+        out[(run_id, cell)] = (float(iqr) if _finite(iqr) else None, launched)
     return out
 
 
