@@ -1,8 +1,8 @@
-"""Image data: real MNIST IDX files when given, scikit-learn's digits otherwise.
+"""Image data: real MNIST IDX files when given, the bundled digits otherwise.
 
 Neither source is downloaded. MNIST comes from a directory the user points
 at (``--perf-data-dir``) holding the four IDX files, gzipped or not.
-scikit-learn ships 1,797 real 8x8 handwritten digits; both are resized to the
+perfsuite ships 1,797 real 8x8 handwritten digits; both are resized to the
 cell's image size and given 3 channels, as the paper resized MNIST for
 MobileNetV2. The resize happens once per split and size (``resize_split``),
 not per item in the DataLoader; see ``ResizedImages`` for why.
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import io
 import math
 import os
 import struct
@@ -23,7 +22,7 @@ import torch
 from torch.utils.data import Dataset
 from torchvision.transforms.v2 import functional as TF
 
-from perfsuite.fsutil import atomic_write_bytes, atomic_write_chunks
+from perfsuite.fsutil import atomic_write_chunks
 
 MNIST_FILES = {
     "train_images": "train-images-idx3-ubyte",
@@ -157,38 +156,36 @@ def load_mnist(data_dir: Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
             scale(parts["test_images"]), parts["test_labels"].long())
 
 
-def load_digits(test_fraction: float = 0.2, seed: int = 0, cache_dir: Path | None = None):
-    """scikit-learn's bundled digits, a fixed stratified train/test split.
+DIGITS_FILE = Path(__file__).resolve().parent.parent / "data" / "digits.npz"
 
-    With ``cache_dir`` the split is kept there after the first launch:
-    importing scikit-learn costs every launch 1.5-2.5 s on 2 cores.
+
+def load_digits(path: Path = DIGITS_FILE):
+    """The 1,797 real 8x8 handwritten digits shipped with perfsuite, and their
+    fixed stratified train/test split (1,437 / 360 images).
+
+    ``perfsuite/data/digits.npz`` holds scikit-learn's copy of the UCI
+    "Optical Recognition of Handwritten Digits" test set (CC BY 4.0; pixel
+    values 0-16) and the split ``train_test_split(range(1797), test_size=0.2,
+    random_state=0, stratify=labels)`` gave, in its order: the same tensors
+    scikit-learn made, without importing it in every rank (1.5-2.5 s a
+    launch on 2 cores) or installing it (tests/unit/test_digits_data.py
+    compares the two where scikit-learn is there).
     """
-    cached = (Path(cache_dir) / "image" / f"digits-split-{seed}-{test_fraction}-v1.pt"
-              if cache_dir is not None else None)
-    if cached is not None and cached.exists():
-        try:
-            return tuple(torch.load(cached, weights_only=True))
-        except Exception:  # noqa: BLE001 - unreadable in any way: made again below
-            pass
-    from sklearn.datasets import load_digits as sk_digits
-    from sklearn.model_selection import train_test_split
+    import numpy as np
 
-    bunch = sk_digits()
-    images = torch.tensor(bunch.images, dtype=torch.float32) / 16.0
-    labels = torch.tensor(bunch.target, dtype=torch.long)
-    train_idx, test_idx = train_test_split(range(len(labels)), test_size=test_fraction,
-                                           random_state=seed, stratify=bunch.target)
-    split = (images[train_idx], labels[train_idx], images[test_idx], labels[test_idx])
-    if cached is not None:  # written whole: ranks filling the cache at once never read half
-        buffer = io.BytesIO()
-        torch.save(split, buffer)
-        atomic_write_bytes(cached, buffer.getvalue())
-    return split
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            images = torch.from_numpy(data["images"].astype("float32")) / 16.0
+            labels = torch.from_numpy(data["labels"].astype("int64"))
+            train, test = (torch.from_numpy(data[k].astype("int64")) for k in ("train_index", "test_index"))
+    except (OSError, KeyError, ValueError) as err:
+        raise DataInvalid(f"{path}: the bundled digits cannot be read ({err}); reinstall perfsuite") from err
+    return images[train], labels[train], images[test], labels[test]
 
 
 def load(dataset: str, data_dir: Path | None, cache_dir: Path | None = None):
     if dataset == "digits":
-        return load_digits(cache_dir=cache_dir)
+        return load_digits()
     if dataset == "mnist":
         if data_dir is None:
             raise DataMissing("cell uses MNIST but no data directory was given: pass "
