@@ -12,7 +12,7 @@ themselves are loaded and validated by ``perfsuite.baselines``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -180,3 +180,31 @@ def find_expectation(params: Mapping[str, Any], metric: str, profile_id: str | N
                      **options: Any) -> Expectation:
     """The best comparable expectation, or one that says why there is none."""
     return find_expectations(params, metric, profile_id, **options)[0]
+
+
+def find_time_per_token(params: Mapping[str, Any], profile_id: str | None, *,
+                        sets: list[BaselineSet] | None = None,
+                        root: Path | str | None = None) -> Expectation:
+    """What an LLM cell's step-time verdict compares: its time per token.
+
+    Recorded per-step samples (time_per_token rows) where there are; else a
+    launch recorded before per-step token counts: its tokens/s row inverted,
+    the launch's total step time over its total tokens (``samples`` empty).
+    Never a raw step time: a step's time follows its batch's padded length.
+    """
+    sets = load_all(root) if sets is None else sets
+    per_step = find_expectation(params, "time_per_token", profile_id, sets=sets)
+    if per_step.available:
+        return per_step
+    rates = [e for e in find_expectations(params, "throughput", profile_id, sets=sets)
+             if e.value and e.unit == "tokens/s"]
+    if rates:
+        rate = rates[0]
+        return replace(rate, metric="time_per_token", value=1.0 / rate.value, better="lower",
+                       unit="s/token", samples=(), launches=(),
+                       source=f"{rate.source}, its tokens/s inverted (no per-step token counts)")
+    raw = find_expectation(params, "step_time", profile_id, sets=sets)
+    why = (f"{raw.baseline} holds raw step times only for these parameters, no tokens; a run "
+           "recorded with perfsuite baseline record keeps them" if raw.available else per_step.reason)
+    return Expectation("time_per_token", reason=f"LLM cells are judged per token (a step's time "
+                       f"follows its batch's length): {why}")

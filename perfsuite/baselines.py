@@ -48,16 +48,18 @@ REQUIRED = {METRICS_FILE: ("id", "metric", "value", "unit", "better", "tolerance
 # anything else would match no check and quietly leave it without a
 # baseline, so rows are validated against these (_row_problems). They are the
 # names something reads from baselines or writes into them:
-# - metrics.csv: perfsuite/checks.py judges step_time, peak_mem_allocated,
-#   peak_rss and accuracy, and derives a recorded folder's ratios from its
+# - metrics.csv: perfsuite/checks.py judges step_time (time_per_token for
+#   LLM cells, else their tokens/s throughput), peak_mem_allocated, peak_rss
+#   and accuracy, and derives a recorded folder's ratios from its
 #   throughput and step_time rows (_candidates); perfsuite/report/paper.py
 #   draws the papers' rows (total_time, step_time, accuracy);
 #   perfsuite/recording.py records the metrics of its RECORDED_TOLERANCE
 #   (tests/unit/test_baselines.py keeps that list within this one);
 #   baselines/README.md lists them for people.
 # - ratios.csv, findings.csv: the cross-cell checks' metrics (checks.CROSS_CELL).
-METRIC_NAMES = frozenset({"step_time", "throughput", "total_time", "epoch_time", "accuracy",
-                          "peak_mem_allocated", "peak_mem_reserved", "peak_rss", "h2d_bytes"})
+METRIC_NAMES = frozenset({"step_time", "time_per_token", "throughput", "total_time", "epoch_time",
+                          "accuracy", "peak_mem_allocated", "peak_mem_reserved", "peak_rss",
+                          "h2d_bytes"})
 RATIO_METRICS = frozenset({"speedup", "step_time_ratio"})
 PORTABLE_METRICS = frozenset({"accuracy"})  # all but these and ratios are absolute
 HIGHER_IS_BETTER = frozenset({"throughput", "accuracy", "speedup"})
@@ -154,15 +156,16 @@ def gpu_model(name: str) -> str:
 
 
 def hardware_model(profile_id: str) -> str:
-    """The model part of a profile id: GPU count and link, or CPU core count,
-    removed; for a GPU, its model as ``gpu_model`` says (memory aside), so
-    ratios compare across memory sizes and GPU counts of one GPU model."""
+    """The model part of a profile id: GPU count and link (one GPU's id has
+    none), or CPU core count, removed; for a GPU, its model as ``gpu_model``
+    says (memory aside), so ratios compare across memory sizes and GPU counts
+    of one GPU model."""
     cpu = re.match(r"^(?P<model>cpu-.+)-\d+c$", profile_id)
     if cpu:
         return cpu.group("model")
     if profile_id.startswith("cpu-"):
         return profile_id
-    gpu = re.match(r"^(?P<model>.+)-x\d+-[a-z0-9-]+$", profile_id)
+    gpu = re.match(r"^(?P<model>.+)-x\d+(?:-[a-z][a-z0-9-]*)?$", profile_id)
     return gpu_model(gpu.group("model")) if gpu else profile_id
 
 

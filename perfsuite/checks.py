@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 from perfsuite import counters, launchstats, stats
-from perfsuite.baseline_lookup import Expectation, find_counters, find_expectations
+from perfsuite.baseline_lookup import Expectation, find_counters, find_expectations, find_time_per_token
 from perfsuite.baselines import CounterBaseline, load_all, norm
 
 STATES = ("same", "regressed", "improved", "unknown", "pass", "fail", "skipped")
@@ -411,12 +411,16 @@ def checks_for(params: Mapping[str, Any], profile_id: str | None, *,
     """Every check with a comparable baseline for a cell; the step-time and
     (given the run's ``env``) work-counter checks always, so that a report
     says why they were skipped when there is none."""
+    from perfsuite.checks_llm import TimePerTokenNotRegressed
+
     sets = load_all(root) if sets is None else sets
 
     def found(metric: str, reference: str = "") -> list[Expectation]:
         return find_expectations(params, metric, profile_id, reference=reference, sets=sets)
 
-    out: list[Any] = [StepTimeNotRegressed(found("step_time")[0])]  # says why when it skips
+    # the step-time verdict, which says why when it skips
+    out: list[Any] = [TimePerTokenNotRegressed(find_time_per_token(params, profile_id, sets=sets))
+                      if params.get("workload") == "llm" else StepTimeNotRegressed(found("step_time")[0])]
     if env is not None:
         out.append(WorkCountersUnchanged(*find_counters(params, env, sets)))
     for metric in ("peak_mem_allocated", "peak_rss"):

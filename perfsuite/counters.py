@@ -4,7 +4,9 @@ Counted in the rank by ``perfsuite.counting`` (torch); everything here is
 plain numbers, so results, baselines and checks can use it without torch.
 A counter is exact for a code path: any difference is a change of what a
 training step does, except for the counters named in ``INEXACT`` (allocator
-state moves them a little), which have a relative tolerance.
+state moves them a little), which have a relative tolerance. Times (GPU
+seconds per step, ``device_time``) travel beside the counts and are never
+judged as counts: they are a measurement, not a property of the code path.
 """
 
 from __future__ import annotations
@@ -15,10 +17,25 @@ from typing import Any
 
 # Counters that are not exact from run to run, with the tolerance they get.
 INEXACT = {"memory/peak_allocated": 0.05}
+# Per-step keys that are times, not counts (a step's GPU seconds on their way to ``device_time``).
+TIMES = ("device_time/",)
+
+
+def is_time(key: str) -> bool:
+    return key.startswith(TIMES)
 
 
 def exact(key: str) -> bool:
-    return key not in INEXACT
+    return key not in INEXACT and not is_time(key)
+
+
+def mean_times(parts: list[Mapping[str, float] | None]) -> dict[str, float] | None:
+    """GPU seconds per step of several ranks or launches: their mean (each rank
+    drives its own GPU, so the mean is one GPU's); None where none has any."""
+    have = [p for p in parts if p]
+    if not have:
+        return None
+    return {k: sum(p.get(k, 0.0) for p in have) / len(have) for k in sorted({k for p in have for k in p})}
 
 
 def sum_ranks(per_rank: list[Mapping[str, Any] | None]) -> dict[str, Any] | None:
@@ -33,7 +50,8 @@ def sum_ranks(per_rank: list[Mapping[str, Any] | None]) -> dict[str, Any] | None
             per_step[key] = per_step.get(key, 0) + value
     return {"window_steps": min(c["window_steps"] for c in have), "ranks": len(have),
             "per_step": dict(sorted(per_step.items())),
-            "unstable": sorted({k for c in have for k in c.get("unstable", [])})}
+            "unstable": sorted({k for c in have for k in c.get("unstable", [])}),
+            "device_time": mean_times([c.get("device_time") for c in have])}
 
 
 def agree_launches(per_launch: list[Mapping[str, Any] | None]) -> dict[str, Any] | None:
@@ -45,7 +63,8 @@ def agree_launches(per_launch: list[Mapping[str, Any] | None]) -> dict[str, Any]
     first = have[0]
     moved = {k for c in have[1:] for k in set(c["per_step"]) | set(first["per_step"])
              if exact(k) and c["per_step"].get(k) != first["per_step"].get(k)}
-    return {**first, "unstable": sorted(set(first.get("unstable", [])) | moved)}
+    return {**first, "unstable": sorted(set(first.get("unstable", [])) | moved),
+            "device_time": mean_times([c.get("device_time") for c in have])}
 
 
 @dataclass(frozen=True)
@@ -63,11 +82,12 @@ def diff(new: Mapping[str, float], base: Mapping[str, float],
          tolerance: Mapping[str, float] | None = None,
          unstable: set[str] = frozenset()) -> list[Change]:
     """Counters whose per-step value differs (beyond their tolerance, for the
-    inexact ones); unstable counters are left out, as nothing can judge them."""
+    inexact ones); unstable counters and times are left out, as nothing can
+    judge them as counts."""
     tolerance = {**INEXACT, **(tolerance or {})}
     out = []
     for key in sorted(set(new) | set(base)):
-        if key in unstable:
+        if key in unstable or is_time(key):
             continue
         old, now = float(base.get(key, 0)), float(new.get(key, 0))
         allowed = tolerance.get(key, 0.0) * abs(old)

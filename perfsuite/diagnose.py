@@ -3,8 +3,10 @@
 Read after the fact from the cell directory and torchrun's output, so the
 launcher stays a thin wrapper around torch.distributed.run:
 
-- ``output.log``: every rank's output, each line prefixed ``[rank<N>]: `` by
-  torchrun's ``--tee``, and torchrun's own failure table (rank, exit code);
+- ``output.log``: every rank's output, each line prefixed by torchrun's
+  ``--tee``: ``[rank<N>]: `` where its ``--log-line-prefix-template`` is
+  there (perfsuite.launch asks each torchrun), else its default
+  ``[default<local rank>]:``; and torchrun's own failure table (rank, exit code);
 - ``progress-rank<N>``: the step and phase a rank last entered;
 - ``stacks-rank<N>.txt``: every thread's Python stack, dumped by the rank's
   faulthandler when the launcher sends SIGUSR1 to a stuck cell.
@@ -18,7 +20,10 @@ from pathlib import Path
 from typing import Any
 
 RANK_PREFIX = "[rank${rank}]: "  # torchrun's --log-line-prefix-template
-_PREFIXED = re.compile(r"^\[rank(\d+)\]: ?(.*)$")
+# The template names the global rank; torchrun's default prefix (no template,
+# as in torch 2.11) names the role, "default" unless --role, and the local rank,
+# with no space after its colon: a traceback's indent stays as printed.
+_PREFIXED = re.compile(r"^\[(?:(rank)(\d+)\]: ?|(default)(\d+)\]:)(.*)$")
 _FAILURE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
 # Frames of a rank that waits for its peers rather than being the one stuck.
 # A rank's error that only says a peer went away: not the root cause.
@@ -39,13 +44,19 @@ def signal_name(code: int | None) -> str | None:
         return f"signal {-code}"
 
 
-def rank_tails(log_text: str, lines: int = 25) -> dict[int, str]:
-    """The last lines each rank printed."""
+def rank_tails(log_text: str, lines: int = 25, nnodes: int = 1) -> dict[int, str]:
+    """The last lines each rank printed.
+
+    On one node a local rank is the rank. On several, a default prefix's
+    local rank could be any node's (which node holds which ranks is the
+    rendezvous' choice), so those lines are left to the output tail and only
+    template-prefixed lines are given to a rank.
+    """
     per_rank: dict[int, list[str]] = {}
     for line in log_text.splitlines():
         m = _PREFIXED.match(line)
-        if m:
-            per_rank.setdefault(int(m.group(1)), []).append(m.group(2))
+        if m and (m.group(1) or nnodes == 1):
+            per_rank.setdefault(int(m.group(2) or m.group(4)), []).append(m.group(5))
     return {rank: "\n".join(out[-lines:]) for rank, out in sorted(per_rank.items())}
 
 
@@ -136,10 +147,11 @@ def hang_report(processes: int, progress: dict[int, dict], stacks: dict[int, str
     return "; ".join(parts)
 
 
-def crash_report(log_text: str, records: list[dict | None]) -> tuple[str, dict[int, Any]]:
+def crash_report(log_text: str, records: list[dict | None],
+                 nnodes: int = 1) -> tuple[str, dict[int, Any]]:
     """A reason naming the first failed rank, and per-rank exit facts."""
     codes = exit_codes(log_text)
-    tails = rank_tails(log_text)
+    tails = rank_tails(log_text, nnodes=nnodes)
     ranks: dict[int, Any] = {}
     for rank in range(len(records)):
         code = codes.get(rank)

@@ -1,11 +1,20 @@
 """``perfsuite doctor``: what will and will not work here, before a GPU run.
 
 One line per check: ``ok``, ``warn`` or ``BLOCKER`` with the fix. A blocker
-is something that stops the chosen tier from running at all (no GPU for a
-GPU tier, a driver too old for this torch's CUDA, no space for the LLM
-checkpoint, no MNIST for the full tier); a warning costs some cells, a
-profile or speed. Without ``--tier`` nothing is a blocker for lack of a
-GPU: the lines then say which tiers can run.
+is something that stops the chosen tier from running at all (a torch outside
+the versions perfsuite supports, no GPU for a GPU tier, a driver too old for
+this torch's CUDA, no space for the LLM checkpoint, no MNIST for the full
+tier, a launch that fails); a warning costs some cells, a profile or speed.
+Without ``--tier`` nothing is a blocker for lack of a GPU: the lines then
+say which tiers can run.
+
+The last check launches: one rank of the preflight probe through perfsuite's
+own launch path, on a GPU for the GPU tiers (and without a tier where torch
+sees one), else on the CPU, so that "nothing blocks" means a cell's launch
+worked here (a torchrun that refuses an option perfsuite passes fails on the
+CPU as on a GPU). On the 2-core VM the CPU launch takes 3-5 s: a rank's
+interpreter importing torch, one 1024 x 1024 matmul warm-up and repetition,
+the exit.
 
 Everything torch, NVML, the filesystems and nsys answer comes through
 ``perfsuite.doctor_facts``, so the tests can play a GPU machine on a CPU
@@ -26,9 +35,14 @@ from perfsuite import doctor_facts
 
 GPU_TIERS = ("gate", "full")
 SHM_MIN_BYTES = 1 << 30  # Docker's default /dev/shm is 64 MB
+# A GPU a 500 px image cell drives: its 4 workers hold two batches each and the
+# rank one more, 9 x 384 MB in fp64 (3.5 GB); a dp process's batches of 64 per GPU
+# from 4 workers per GPU come to ~6.1 GB per GPU in fp32 (25 GB on 4 GPUs).
+SHM_PER_GPU_BYTES = int(6.5 * 2**30)
 LLM_8B_CHECKPOINT_BYTES = 16_100_000_000  # 8.03 G bf16 parameters, written once into the cache
 LLM_CHECKPOINT_DIR = Path("llm") / "checkpoints" / "llama3-8b-random-v1"  # perfsuite.workloads.llm_assets
 WHEEL_INDEXES = {(12, 6): "cu126", (12, 8): "cu128", (13, 0): "cu130"}  # download.pytorch.org/whl/<tag>
+LAUNCH_TAIL_LINES = 12  # of a failed launch's output: torchrun's error table is about this long
 OK, WARN, BLOCKER = "ok", "warn", "BLOCKER"
 STATUSES = (OK, WARN, BLOCKER)
 
@@ -39,10 +53,12 @@ class Check:
     status: str  # ok | warn | BLOCKER
     message: str
     fix: str = ""
+    detail: str = ""  # lines shown under the check, e.g. a failed launch's output tail
 
     def line(self) -> str:
         fix = f". Fix: {self.fix}" if self.fix else ""
-        return f"{self.status:<8} {self.name:<7} {self.message}{fix}"
+        below = "".join(f"\n    | {line}" for line in self.detail.splitlines())
+        return f"{self.status:<8} {self.name:<7} {self.message}{fix}{below}"
 
 
 # -- the checks ---------------------------------------------------------------
@@ -67,10 +83,36 @@ def _version(text: str | None) -> tuple[int, int] | None:
         return None
 
 
-def check_torch(torch: dict[str, Any], gpu_tier: bool) -> Check:
+def _outside(installed: dict[str, str | None], supported: dict[str, str]) -> list[str]:
+    """"torch 2.10.0" for each installed version outside its range.
+    Nightlies and local builds count by their release (2.15.0.dev2026 is newer than 2.11)."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    found = []
+    for name, specifier in supported.items():
+        version = installed.get(name)
+        try:
+            fits = version is None or SpecifierSet(specifier).contains(Version(version), prereleases=True)
+        except InvalidVersion:  # not a version packaging reads: the launch check still tries it
+            fits = True
+        if not fits:
+            found.append(f"{name} {version}")
+    return found
+
+
+def check_torch(torch: dict[str, Any], gpu_tier: bool, supported: dict[str, str] | None = None) -> Check:
     if "import_error" in torch:
         return Check("torch", BLOCKER, f"torch cannot be imported ({torch['import_error']})",
                      "reinstall it: pip install -c constraints.txt torch torchvision")
+    outside = _outside({"torch": torch.get("version"), "torchvision": torch.get("torchvision")},
+                       supported or {})
+    if outside:
+        ranges = sorted(f"{name}{spec}" for name, spec in (supported or {}).items())
+        return Check("torch", BLOCKER, f"{' and '.join(outside)} {'is' if len(outside) == 1 else 'are'} "
+                     f"outside the versions perfsuite supports ({', '.join(ranges)}: its pyproject.toml)",
+                     f"pip install {' '.join(repr(r) for r in ranges)} from the wheel index that "
+                     "matches the driver (README, On GPUs)")
     if torch.get("hip"):
         return Check("torch", BLOCKER if gpu_tier else WARN,
                      f"torch {torch['version']} is a ROCm build (HIP {torch['hip']}): the GPU tiers "
@@ -176,22 +218,33 @@ def check_nccl(torch: dict[str, Any], gpu_tier: bool) -> Check:
 
 
 def check_nsys(tier: str | None) -> Check:
-    binary, why = doctor_facts.nsys_binary()
+    found, why = doctor_facts.nsys_binary()
     note = "profile cells fall back to torch.profiler"
-    if binary is None:
-        status = OK if tier == "smoke" else WARN
+    status = OK if tier == "smoke" else WARN
+    if found is None:
         return Check("nsys", status, f"no nsys ({why}): {note}; the capture test is skipped",
                      "" if status == OK else "install Nsight Systems, or set $PERFSUITE_NSYS_BIN "
                                              "to its bin/nsys")
-    written, what = doctor_facts.nsys_capture(binary)
+    others = doctor_facts.nsys_others(found)
+    also = f"; also found: {', '.join(o.describe() for o in others)}" if others else ""
+    written, what = doctor_facts.nsys_capture(found.binary)
     if written:
-        return Check("nsys", OK, f"{binary} {what}")
-    return Check("nsys", OK if tier == "smoke" else WARN, f"{binary} {what}: {note}",
-                 "install the full Nsight Systems package (with host-linux-*/QdstrmImporter), or "
-                 "point $PERFSUITE_NSYS_BIN at one that works")
+        return Check("nsys", OK, f"{found.describe()} {what}{also}")
+    better = next((o for o in others if o.can_import), None)
+    fix = (f"set $PERFSUITE_NSYS_BIN={better.binary} (that install has its QdstrmImporter)" if better else
+           "install the full Nsight Systems package (with host-linux-*/QdstrmImporter), or point "
+           "$PERFSUITE_NSYS_BIN at one that works")
+    return Check("nsys", status, f"{found.describe()} {what}: {note}{also}", fix)
 
 
-def check_shm(tier: str | None) -> Check:
+def shm_needed(cells: list, gpus: int) -> int:
+    """Bytes of /dev/shm the GPU cells that can run here hold at most at once:
+    ``SHM_PER_GPU_BYTES`` for each GPU the largest of them drives."""
+    driven = [min(c.gpus_needed, gpus) for c in cells if c.device == "cuda" and c.gpus_needed <= gpus]
+    return SHM_PER_GPU_BYTES * max(driven, default=0)
+
+
+def check_shm(tier: str | None, cells: list | None = None, gpus: int = 0) -> Check:
     path = "/dev/shm"
     try:
         size, free = doctor_facts.statvfs(path)
@@ -199,14 +252,16 @@ def check_shm(tier: str | None) -> Check:
         return Check("shm", WARN, f"{path}: cannot read its size ({err.strerror or err}); "
                                   "DataLoader workers share batches through it")
     gib = f"{size / 2**30:.2f} GiB ({free / 2**30:.2f} free)"
-    if size >= SHM_MIN_BYTES:
+    needed = max(SHM_MIN_BYTES, shm_needed(cells or [], gpus))
+    if size >= needed:
         return Check("shm", OK, f"{path} {gib}")
     status = OK if tier == "smoke" else WARN
     return Check("shm", status,
-                 f"{path} is {gib}, under 1 GiB: DataLoader workers (4 per rank in the GPU tiers) "
-                 "die with 'Bus error' (Docker's default is 64 MB)",
-                 "" if status == OK else "docker run --shm-size=8g (or --ipc=host), or remount "
-                                         "/dev/shm larger")
+                 f"{path} is {gib}, under the {needed / 2**30:.0f} GiB the cells here can hold at once "
+                 "(500 px batches of 64, 4 DataLoader workers per GPU): workers die with 'Bus error' "
+                 "(Docker's default is 64 MB)",
+                 "" if status == OK else f"docker run --ipc=host (or --shm-size={-(-needed // 2**30) + 1}g), "
+                                         "or remount /dev/shm larger")
 
 
 def _cache_dir() -> Path:
@@ -319,13 +374,36 @@ def check_mnist(data_dir: Path | None, tier: str | None, cells: list) -> Check:
                               f"({counts['train_images']} train, {counts['test_images']} test images)")
 
 
+def check_launch(torch: dict[str, Any], tier: str | None) -> Check:
+    """One real launch: on a GPU for a GPU tier (without a tier, where torch
+    sees one), else on the CPU. A launch that fails blocks every tier."""
+    gpus = torch.get("count") or 0
+    device = "cuda" if gpus and tier != "smoke" else "cpu"
+    why_cpu = " (no GPU to launch on: see the gpus line)" if tier in GPU_TIERS and device == "cpu" else ""
+    done = doctor_facts.tiny_launch(device)
+    what = f"a 1-rank torchrun launch of the probe on {device}"
+    if done["status"] == "ok":
+        return Check("launch", OK, f"{what} worked ({done['wall_s']:.1f} s){why_cpu}")
+    if done["status"] == "skipped":
+        return Check("launch", WARN, f"{what} was skipped: {done['reason']}{why_cpu}")
+    # What the rank printed says why (torchrun's own error table ends the output)
+    detail = [f"rank {rank}: {line}" for rank, tail in sorted((done.get("rank_tails") or {}).items())
+              for line in tail.splitlines()[-LAUNCH_TAIL_LINES:]]
+    detail += (done.get("tail") or "").rstrip().splitlines()[-LAUNCH_TAIL_LINES:]
+    return Check("launch", BLOCKER, f"{what} failed: {done['reason']}{why_cpu}",
+                 "see its output below; `perfsuite run` of any cell fails the same way",
+                 detail="\n".join(detail))
+
+
 def run_checks(tier: str | None = None, data_dir: Path | None = None) -> list[Check]:
     cells = _tier_cells(tier)
     torch, nvml = doctor_facts.torch_facts(), doctor_facts.nvml_facts()
     gpu_tier = tier in GPU_TIERS
-    return [check_torch(torch, gpu_tier), check_gpus(torch, nvml, tier, cells),
-            check_driver(torch, nvml, gpu_tier), check_nccl(torch, gpu_tier), check_nsys(tier),
-            check_shm(tier), check_disk(tier, cells), check_mnist(data_dir, tier, cells)]
+    return [check_torch(torch, gpu_tier, doctor_facts.supported_versions()),
+            check_gpus(torch, nvml, tier, cells), check_driver(torch, nvml, gpu_tier),
+            check_nccl(torch, gpu_tier), check_nsys(tier), check_shm(tier, cells, torch.get("count") or 0),
+            check_disk(tier, cells),
+            check_mnist(data_dir, tier, cells), check_launch(torch, tier)]
 
 
 def summary(checks: list[Check], tier: str | None) -> dict[str, Any]:

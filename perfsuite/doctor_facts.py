@@ -1,20 +1,28 @@
 """What the machine answers ``perfsuite doctor``: torch's build and the GPUs
-it sees, the driver through NVML, a filesystem's size, the nsys perfsuite
-would run and whether it writes a report. ``perfsuite.doctor`` judges them;
+it sees, the driver through NVML, the torch versions perfsuite supports, a
+filesystem's size, the nsys perfsuite would run and whether it writes a
+report, and whether a 1-rank launch works. ``perfsuite.doctor`` judges them;
 the tests replace these functions to play a GPU machine on a CPU one.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.metadata
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
+import tomllib
+
 NSYS_TIMEOUT_S = 120.0
+LAUNCH_TIMEOUT_S = 180.0
+SUPPORTED = ("torch", "torchvision")  # their ranges in pyproject.toml are the supported ones
 
 
 def torch_facts() -> dict[str, Any]:
@@ -26,7 +34,11 @@ def torch_facts() -> dict[str, Any]:
         return {"import_error": f"{type(err).__name__}: {err}"}
     facts: dict[str, Any] = {"version": torch.__version__, "cuda": torch.version.cuda,
                              "hip": getattr(torch.version, "hip", None), "count": 0,
-                             "names": [], "error": None, "nccl": None}
+                             "names": [], "error": None, "nccl": None, "torchvision": None}
+    try:  # its metadata, not an import: a broken torchvision is the image workload's error
+        facts["torchvision"] = importlib.metadata.version("torchvision")
+    except importlib.metadata.PackageNotFoundError:
+        pass
     if facts["cuda"] is None:
         return facts
     try:
@@ -45,6 +57,56 @@ def torch_facts() -> dict[str, Any]:
     except Exception:  # noqa: BLE001 - no NCCL in this build
         pass
     return facts
+
+
+def _checkout_pyproject() -> Path | None:
+    """perfsuite's pyproject.toml where perfsuite runs from its checkout (an
+    editable install's metadata is the pyproject of the day it was installed)."""
+    path = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    try:
+        return path if tomllib.loads(path.read_text())["project"]["name"] == "perfsuite" else None
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        return None
+
+
+def supported_versions() -> dict[str, str]:
+    """The torch and torchvision versions perfsuite supports, as specifiers
+    ({"torch": ">=2.11", ...}): its requirements, from the checkout's
+    pyproject.toml, else from the installed distribution's metadata."""
+    from packaging.requirements import Requirement
+
+    pyproject = _checkout_pyproject()
+    if pyproject is not None:
+        lines = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
+    else:
+        try:
+            lines = importlib.metadata.requires("perfsuite") or []
+        except importlib.metadata.PackageNotFoundError:  # neither installed nor a checkout: no range known
+            lines = []
+    required = [Requirement(line) for line in lines]
+    return {r.name: str(r.specifier) for r in required if r.name in SUPPORTED and not r.marker}
+
+
+def tiny_launch(device: str) -> dict[str, Any]:
+    """One launch of the preflight probe on 1 rank of ``device`` ("cpu" | "cuda")
+    through perfsuite's own launch path (torchrun with the options this
+    interpreter's accepts, the worker, a rank record), one repetition: its
+    status and reason, wall time, the tail of its output (launch.OUTPUT_TAIL_CHARS)
+    and the last lines each rank printed."""
+    from perfsuite import launch, probe
+
+    cell = dataclasses.replace(probe.probe_cell(device, 1), warmup_steps=1, max_steps=1,
+                               timeout_s=LAUNCH_TIMEOUT_S)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="perfsuite-doctor-launch-") as tmp:
+        try:
+            result = launch.run_cell(cell, Path(tmp), launch.LaunchOptions(profiler="off"))
+        except Exception as err:  # noqa: BLE001 - a launch that cannot start is an answer too
+            result = {"status": "error", "reason": f"{type(err).__name__}: {err}"}
+    rank_tails = {r["rank"]: r["tail"] for r in result.get("ranks") or [] if r.get("tail")}
+    return {"device": device, "status": result["status"], "reason": result.get("reason"),
+            "wall_s": time.monotonic() - started, "tail": result.get("output_tail") or "",
+            "rank_tails": rank_tails}
 
 
 def nvml_facts() -> dict[str, Any]:
@@ -98,17 +160,28 @@ def statvfs(path: str) -> tuple[int, int]:
     return st.f_frsize * st.f_blocks, st.f_frsize * st.f_bavail
 
 
-def nsys_binary() -> tuple[str | None, str]:
-    """The nsys that perfsuite would run (``profiling.nsys.resolve_nsys``:
-    $PERFSUITE_NSYS_BIN, else PATH), or None and why."""
-    from perfsuite.profiling.nsys import NsysConfigError, NsysNotFoundError, resolve_nsys
+def nsys_binary() -> tuple[Any, str]:
+    """The nsys that perfsuite would run (``profiling.nsys.locate_nsys``:
+    $PERFSUITE_NSYS_BIN, else PATH, else NVIDIA's install folders) as an
+    ``NsysInstall`` (its binary, where it was found, its QdstrmImporter), or
+    None and why."""
+    from perfsuite.profiling.nsys import NsysConfigError, NsysNotFoundError, locate_nsys
+    from perfsuite.profiling.nsys_installs import where_searched
 
     try:
-        return resolve_nsys(), ""
+        return locate_nsys(), ""
     except NsysConfigError as err:
         return None, str(err)
     except NsysNotFoundError:
-        return None, "no nsys on PATH"
+        return None, f"none on PATH nor in {where_searched()}"
+
+
+def nsys_others(chosen: Any) -> list[Any]:
+    """The other installs in NVIDIA's folders, best first (``NsysInstall``)."""
+    from perfsuite.profiling.nsys_installs import installed
+
+    real = os.path.realpath(chosen.binary) if chosen is not None else None
+    return [i for i in installed() if os.path.realpath(i.binary) != real]
 
 
 def nsys_capture(binary: str, timeout: float | None = None) -> tuple[bool, str]:

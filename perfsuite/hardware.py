@@ -2,9 +2,10 @@
 
 Read with the field's tools: torch for CUDA/NCCL versions and the devices
 this process sees, NVML (nvidia-ml-py) for the driver and, per device found
-by its PCI address, memory, PCIe link and NVLink state, /proc/cpuinfo for the
-CPU. Everything degrades to ``None`` rather than failing: a fingerprint is
-evidence, not a precondition. ``why_no_gpu`` says why torch sees no GPU.
+by its PCI address, memory, PCIe link and NVLink state, and between devices
+their peer-to-peer and NVLink status; /proc/cpuinfo for the CPU. Everything
+degrades to ``None`` rather than failing: a fingerprint is evidence, not a
+precondition. ``why_no_gpu`` says why torch sees no GPU.
 """
 
 from __future__ import annotations
@@ -160,19 +161,29 @@ def _nvml_device(pynvml: Any, handle: Any) -> dict[str, Any]:
     return {k: v for k, v in facts.items() if v is not None}
 
 
+def _pair_status(pynvml: Any, handles: list[Any], index: Any) -> list[bool] | None:
+    """For every pair of the devices, whether NVML's P2P status for capability
+    ``index`` is OK; None where NVML cannot tell or there is no pair."""
+    if len(handles) < 2 or any(h is None for h in handles):
+        return None
+    index = index[0] if isinstance(index, tuple) else index  # some nvidia-ml-py spell it (0,)
+    ok = getattr(pynvml, "NVML_P2P_STATUS_OK", 0)
+    status = [_nvml_call(pynvml.nvmlDeviceGetP2PStatus, a, b, index)
+              for i, a in enumerate(handles) for b in handles[i + 1:]]
+    return None if any(s is None for s in status) else [s == ok for s in status]
+
+
 def _p2p(pynvml: Any, handles: list[Any]) -> bool | None:
     """Whether every pair of the devices can read each other's memory directly
     (over NVLink or PCIe); None where NVML cannot tell or there is no pair."""
-    if len(handles) < 2 or any(h is None for h in handles):
-        return None
-    read = getattr(pynvml, "NVML_P2P_CAPS_INDEX_READ", 0)
-    read = read[0] if isinstance(read, tuple) else read  # some nvidia-ml-py spell it (0,)
-    ok = getattr(pynvml, "NVML_P2P_STATUS_OK", 0)
-    status = [_nvml_call(pynvml.nvmlDeviceGetP2PStatus, a, b, read)
-              for i, a in enumerate(handles) for b in handles[i + 1:]]
-    if any(s is None for s in status):
-        return None
-    return all(s == ok for s in status)
+    pairs = _pair_status(pynvml, handles, getattr(pynvml, "NVML_P2P_CAPS_INDEX_READ", 0))
+    return None if pairs is None else all(pairs)
+
+
+def _nvlink_pairs(pynvml: Any, handles: list[Any]) -> list[bool] | None:
+    """For every pair of the devices, whether NVML reports NVLink between them."""
+    index = getattr(pynvml, "NVML_P2P_CAPS_INDEX_NVLINK", None)
+    return None if index is None else _pair_status(pynvml, handles, index)
 
 
 def _nvml_facts(devices: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -205,6 +216,7 @@ def _nvml_facts(devices: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         if gpus:
             facts["gpus"] = gpus
             facts["gpu_p2p"] = _p2p(pynvml, handles)
+            facts["nvlink_pairs"] = _nvlink_pairs(pynvml, handles)
         return facts
     except Exception:  # noqa: BLE001 - facts are evidence, never a precondition
         return {}
@@ -212,7 +224,25 @@ def _nvml_facts(devices: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         _nvml_call(pynvml.nvmlShutdown)
 
 
-def _gpu_summary(gpus: list[dict[str, Any]]) -> dict[str, Any]:
+def _interconnect(gpus: list[dict[str, Any]], nvlink_pairs: list[bool] | None) -> str | None:
+    """What links the GPUs to each other: "nvlink" where NVML reports NVLink
+    between every pair, "pcie" between none, "mixed" between some; without
+    NVML's answer per pair, every GPU's active NVLinks decide. One GPU has no
+    link to another: None. A GPU's own NVLinks are no link between these GPUs
+    (an H100 SXM5 alone has them idle; in a larger node they reach GPUs not
+    in this set)."""
+    if len(gpus) < 2:
+        return None
+    links = nvlink_pairs
+    if links is None:
+        links = [g["nvlinks"] for g in gpus if "nvlinks" in g]
+        if len(links) != len(gpus):
+            return None
+    return "nvlink" if all(links) else "pcie" if not any(links) else "mixed"
+
+
+def _gpu_summary(gpus: list[dict[str, Any]],
+                 nvlink_pairs: list[bool] | None = None) -> dict[str, Any]:
     """The fingerprint's one-line facts of the devices torch sees."""
     names = sorted({g.get("name") or "gpu" for g in gpus})
     memory = [g["memory_bytes"] for g in gpus if g.get("memory_bytes")]
@@ -222,10 +252,9 @@ def _gpu_summary(gpus: list[dict[str, Any]]) -> dict[str, Any]:
         "gpu_name": names[0] if len(names) == 1 else " + ".join(names),
         "gpu_memory_bytes": min(memory) if memory else None,
     }
-    links = [g["nvlinks"] for g in gpus if "nvlinks" in g]
-    if links and len(links) == len(gpus):
-        out["interconnect"] = ("nvlink" if all(links) else "pcie" if not any(links)
-                               else "mixed")
+    link = _interconnect(gpus, nvlink_pairs)
+    if link is not None:
+        out["interconnect"] = link
     for key in ("pcie_gen", "pcie_width", "pcie_gen_current", "pcie_width_current"):
         values = [g[key] for g in gpus if isinstance(g.get(key), int)]
         # the slowest link bounds a collective and the probe's slowest rank
@@ -344,9 +373,10 @@ def fingerprint() -> dict[str, Any]:
         devices = cuda_devices()
         nvml = _nvml_facts(devices)
         gpus = nvml.pop("gpus", devices)
+        pairs = nvml.pop("nvlink_pairs", None)
         env.update(nvml)
         env["gpus"] = gpus
-        env.update(_gpu_summary(gpus))
+        env.update(_gpu_summary(gpus, pairs))
         env["cudnn"] = torch.backends.cudnn.version()
         try:
             env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
@@ -363,15 +393,18 @@ def _slug(text: str) -> str:
 def profile_id(env: dict[str, Any]) -> str:
     """Name of the hardware profile whose absolute numbers are comparable.
 
-    GPU machines: model, memory, count and interconnect. CPU machines: model,
-    the instruction set torch's kernels use, and core count. Software
-    versions are deliberately not part of it: a new torch on the same
-    machine is exactly what a baseline should judge.
+    GPU machines: model, memory, count and, for several GPUs, the link
+    between them ("nvlink", "pcie", "mixed"; "unknown-link" where NVML could
+    not tell). One GPU has no link to name, whatever an env written before
+    says ("pcie"): h100-80gb-hbm3-80gb-x1. CPU machines: model, the
+    instruction set torch's kernels use, and core count. Software versions
+    are deliberately not part of it: a new torch on the same machine is
+    exactly what a baseline should judge.
     """
     if env.get("gpu_count"):
         memory_gb = round((env.get("gpu_memory_bytes") or 0) / 2**30)
-        link = env.get("interconnect") or "unknown-link"
-        return f"{_slug(env.get('gpu_name') or 'gpu')}-{memory_gb}gb-x{env['gpu_count']}-{link}"
+        gpus = f"{_slug(env.get('gpu_name') or 'gpu')}-{memory_gb}gb-x{env['gpu_count']}"
+        return gpus if env["gpu_count"] == 1 else f"{gpus}-{env.get('interconnect') or 'unknown-link'}"
     isa = f"-{_slug(env['cpu_isa'])}" if env.get("cpu_isa") else ""
     return f"cpu-{_slug(env.get('cpu_model') or 'unknown')}{isa}-{env.get('cpu_cores')}c"
 

@@ -54,10 +54,7 @@ def sanity_checks(cell: Cell, result: dict[str, Any]) -> list[dict[str, Any]]:
         checks.append(_check("sanity.h2d_bytes", _finite_positive(moved), moved,
                              "> 0: every batch crosses to the GPU"))
         # A GPU cell whose steps wait on the DataLoader measures the loader; the limit is data.
-        import tomllib
-
-        from perfsuite.cells import EXPERIMENTS_DIR
-        limits = tomllib.loads((EXPERIMENTS_DIR / "image.toml").read_text()).get("limits", {})
+        limits = _image_limits()
         share = (result.get("info") or {}).get("loader_wait_share")
         limit = limits.get("max_loader_wait_share")
         if (share is not None and limit is not None
@@ -66,6 +63,8 @@ def sanity_checks(cell: Cell, result: dict[str, Any]) -> list[dict[str, Any]]:
                 "sanity.loader_wait_share", share <= limit, share, f"<= {limit} (image.toml [limits])",
                 "" if share <= limit else f"rank 0 waited for its DataLoader {share:.0%} of a median "
                 "step: the cell measures the loader, not the GPU; give it more loader_workers or cores"))
+        if cell.strategy not in limits.get("gpu_busy_exempt_strategies", ()):
+            checks.append(gpu_busy_check(result, limits.get("min_gpu_busy_share")))
     profiler = result.get("profiler", {}).get("mode", "off")
     if profiler != "off":
         rows = (result.get("profile") or {}).get("rows", [])
@@ -76,6 +75,51 @@ def sanity_checks(cell: Cell, result: dict[str, Any]) -> list[dict[str, Any]]:
             checks.append(_check("sanity.profile_collectives", len(comm) > 0, len(comm),
                                  "> 0 collective rows: ranks exchange gradients"))
     return checks
+
+
+def _image_limits() -> dict[str, Any]:
+    import tomllib
+
+    from perfsuite.cells import EXPERIMENTS_DIR
+    return tomllib.loads((EXPERIMENTS_DIR / "image.toml").read_text()).get("limits", {})
+
+
+# What keeps a GPU waiting, by what the check's message calls it and what to try.
+_BOUNDS = {"loader": ("the loader", "give it more loader_workers or cores"),
+           "copies": ("host-to-device copies", "pin_memory, or fewer bytes a step"),
+           "host": ("the host", "a larger batch or image per GPU, or fewer kernel launches "
+                                "and syncs a step")}
+
+
+def gpu_busy_check(result: dict[str, Any], limit: float | None) -> dict[str, Any]:
+    """"sanity.gpu_busy_share": the least busy GPU kept busy at least ``limit``
+    of a median step, else the cell measures what kept it waiting, named by
+    the largest part of the step: rank 0's wait in next(loader) (info
+    ``loader_wait_share``), that rank's host-to-device copies, or the rest of
+    the GPU's idle time (the host: Python, kernel launches, syncs). Busy is
+    unknown without a counting window: a skipped check, not a failure."""
+    name, expected = "sanity.gpu_busy_share", f">= {limit} (image.toml [limits])"
+    busy = result.get("gpu_busy_share")
+    if busy is None or limit is None:
+        why = ("its counting window measured no GPU time (a perfsuite from before device_time)"
+               if (result.get("counters") or {}).get("per_step") else "the cell ran no counting "
+               "window (count_steps=0), where the GPU's time per step is measured")
+        return {**_check(name, True, None, expected, f"GPU busy share unknown: {why}; not judged"),
+                "verdict": "skipped"}
+    if busy >= limit:
+        return _check(name, True, busy, expected)
+    ranks = [r for r in result.get("ranks") or [] if isinstance(r.get("gpu_busy_share"), (int, float))]
+    rank = min(ranks, key=lambda r: r["gpu_busy_share"]) if ranks else {}  # repeats: the first launch's
+    loader = (result.get("info") or {}).get("loader_wait_share") or 0.0
+    parts = {"loader": loader, "copies": rank.get("h2d_copy_share") or 0.0,
+             "host": max(1.0 - busy - loader, 0.0)}
+    bound = max(parts, key=parts.get)
+    what, fix = _BOUNDS[bound]
+    return _check(name, False, busy, expected,
+                  f"rank {rank.get('rank', '?')}'s GPU was busy {busy:.0%} of a median step: bound "
+                  f"by {what}, so the cell measures it more than the GPU (of the step: loader "
+                  f"{parts['loader']:.0%}, copies {parts['copies']:.0%}, host {parts['host']:.0%}); "
+                  f"try {fix}")
 
 
 def _loss_falls(curve: list[float]) -> tuple[bool, str]:
@@ -148,7 +192,7 @@ def judge(cell: Cell, result: dict[str, Any], twin_of=None, sets: list | None = 
 
 def needs_more_launches(checks: list[dict[str, Any]]) -> bool:
     """A step-time comparison the launches could not decide: launch more."""
-    return any(c["verdict"] == "unknown" and c.get("metric") == "step_time" for c in checks)
+    return any(c["verdict"] == "unknown" and c.get("name") == "step_time" for c in checks)
 
 
 def failures(result: dict[str, Any]) -> list[dict[str, Any]]:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from perfsuite import agent, diagnose, multinode
+from perfsuite import agent, diagnose, multinode, torchrun_options
 from perfsuite.cells import Cell
 from perfsuite.fsutil import atomic_write_json
 from perfsuite.results import aggregate, skipped_result
@@ -63,8 +63,11 @@ def cell_dir(out_dir: Path, cell: Cell) -> Path:
 
 def profiler_mode(cell: Cell, opts: LaunchOptions) -> tuple[str, str]:
     """("nsys" | "torch" | "off", why nsys was not used). nsys is the one
-    resolve_nsys finds ($PERFSUITE_NSYS_BIN, else PATH); one set to nothing
-    executable raises NsysConfigError naming it."""
+    resolve_nsys finds ($PERFSUITE_NSYS_BIN, PATH, NVIDIA's install folders);
+    one whose install lacks its QdstrmImporter (or left only .qdstrm earlier
+    in this session) gives torch.profiler from the start, the note saying
+    why; $PERFSUITE_NSYS_BIN set to nothing executable raises
+    NsysConfigError naming it."""
     from perfsuite.profiling import choose_profiler
 
     requested = opts.profiler
@@ -75,7 +78,11 @@ def profiler_mode(cell: Cell, opts: LaunchOptions) -> tuple[str, str]:
 
 def torchrun_argv(cell: Cell, directory: Path, opts: LaunchOptions, profiler: str = "off",
                   plan: multinode.Plan | None = None) -> list[str]:
-    """The command, as a list: no shell, nothing built from a string."""
+    """The command, as a list: no shell, nothing built from a string.
+
+    Only options that ``opts.python``'s torchrun accepts: without its
+    ``--log-line-prefix-template`` (torch 2.11) the ranks' lines keep its
+    default prefix, which perfsuite.diagnose reads as well."""
     worker = ["-m", "perfsuite.worker", "--cell-file", str(directory / "cell.json"),
               "--out", str(directory)]
     if opts.data_dir is not None:
@@ -84,8 +91,9 @@ def torchrun_argv(cell: Cell, directory: Path, opts: LaunchOptions, profiler: st
         worker += ["--option", f"{key}={value}"]
     plan = plan or multinode.plan(cell, multinode.Nodes())
     argv = [opts.python, "-m", "torch.distributed.run", *plan.rendezvous_args(),
-            f"--nproc-per-node={plan.procs_per_node}", "--max-restarts=0",
-            "--tee=3", f"--log-line-prefix-template={diagnose.RANK_PREFIX}"]
+            f"--nproc-per-node={plan.procs_per_node}", "--max-restarts=0", "--tee=3"]
+    if torchrun_options.accepted(opts.python, opts.env).accepts(torchrun_options.LINE_PREFIX_TEMPLATE):
+        argv.append(f"{torchrun_options.LINE_PREFIX_TEMPLATE}={diagnose.RANK_PREFIX}")
     if profiler == "nsys":  # each rank under its own `nsys profile`, one report per rank
         from perfsuite.profiling import RANK_OUTPUT_PATTERN, nsys_profile_argv, resolve_nsys
 
@@ -127,8 +135,12 @@ def _end_process_tree(proc: subprocess.Popen, dump_stacks: bool) -> None:
             continue
 
 
-def _attach_profile(result: dict[str, Any], mode: str, note: str, profile_dir: Path) -> None:
-    """nsys reports become a summary here; torch summaries came with the ranks."""
+def _attach_profile(result: dict[str, Any], mode: str, note: str, profile_dir: Path,
+                    cell: Cell | None = None, opts: LaunchOptions | None = None) -> None:
+    """nsys reports become a summary here; torch summaries came with the ranks.
+    A launch whose nsys left only .qdstrm captures gets the torch.profiler
+    summary of a second, profile-only launch (profiling.fallback), its own
+    timings standing."""
     result["profiler"] = {"mode": mode, "note": note}
     if mode == "nsys" and result["status"] == "ok":
         from perfsuite.profiling import NsysError, NsysImportError, remember_import_failure, summarize_path
@@ -136,20 +148,13 @@ def _attach_profile(result: dict[str, Any], mode: str, note: str, profile_dir: P
         try:
             result["profile"] = summarize_path(profile_dir).to_dict()
         except NsysImportError as err:
-            # nsys recorded but could not import (.qdstrm only). The torch.profiler
-            # fallback cannot be had after the fact: the ranks ran under nsys, so
-            # none of them ran torch.profiler, and a second launch only for a
-            # profile would cost a cell's whole run and time a different launch.
-            # So this cell keeps its timings and says why it has no profile and
-            # how to get one; later cells of this session get torch.profiler
-            # (choose_profiler remembers this nsys), as do cells whose nsys
-            # install is seen to lack the importer before they launch.
+            # Later cells of this session go to torch.profiler from the start.
             remember_import_failure(str(err))
             result["profiler"]["error"] = str(err)
-            result["profiler"]["note"] = "; ".join(filter(None, [note, (
-                "this launch ran under nsys, so it has no torch.profiler summary; its timings stand. "
-                "Later cells of this session are profiled with torch.profiler; the next run with "
-                "`--perf-profile torch` (pytest) or `--profile torch` (perfsuite run) profiles this one")]))
+            if cell is not None and opts is not None:
+                from perfsuite.profiling.fallback import profile_with_torch
+
+                profile_with_torch(result, cell, opts, profile_dir, run_cell)
         except (NsysError, OSError) as err:  # the timings stand without the profile
             result["profiler"]["error"] = str(err)
     if result.get("profile"):  # readable later with `perfsuite profile DIR`
@@ -195,7 +200,8 @@ def _records(directory: Path, processes: int, token: str, wait_s: float) -> list
 
 
 def _failure(cell: Cell, directory: Path, records: list[dict | None], log_text: str,
-             returncode: int | None, timed_out: bool, timeout: float) -> tuple[str, str | None, dict]:
+             returncode: int | None, timed_out: bool, timeout: float,
+             nnodes: int = 1) -> tuple[str, str | None, dict]:
     """(status, reason, per-rank facts) of a finished launch."""
     if timed_out:
         progress = diagnose.read_progress(directory)
@@ -211,7 +217,7 @@ def _failure(cell: Cell, directory: Path, records: list[dict | None], log_text: 
             ranks = ", ".join(str(i) for i, _ in skipped)
             return "skipped", f"rank{'s' if len(skipped) > 1 else ''} {ranks} skipped: {skipped[0][1]}", {}
         return "ok", None, {}
-    reason, facts = diagnose.crash_report(log_text, records)
+    reason, facts = diagnose.crash_report(log_text, records, nnodes=nnodes)
     return "error", reason, facts
 
 
@@ -315,7 +321,7 @@ def run_cell(cell: Cell, out_dir: Path, opts: LaunchOptions | None = None) -> di
         return skipped_result(cell, plan.partner_reason(records), partner=True)
     log_text = log_path.read_text(errors="replace")
     status, reason, facts = _failure(cell, directory, records, log_text, returncode,
-                                     timed_out, timeout)
+                                     timed_out, timeout, nnodes=plan.nnodes)
     result = aggregate(cell, records, status=status, reason=reason,
                        duration_s=time.time() - started)
     for rank, extra in facts.items():
@@ -327,6 +333,6 @@ def run_cell(cell: Cell, out_dir: Path, opts: LaunchOptions | None = None) -> di
     result["dir"] = str(directory)
     result["timeline"] = timeline(started, time.time(), records[0] if records else None, result)
     if profiler != "off":
-        _attach_profile(result, profiler, profiler_note, directory / "profile")
+        _attach_profile(result, profiler, profiler_note, directory / "profile", cell, opts)
     atomic_write_json(directory / "result.json", result)
     return result

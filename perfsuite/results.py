@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,9 @@ MAX_PROBLEMS = 3  # schema problems a load error lists
 _SUM = {"h2d_bytes", "tokens"}
 _MAX = {"peak_mem_allocated", "peak_mem_reserved", "peak_rss", "total_time"}
 _MIN = {"throughput"}
+# Metrics other than step_time with a sample per measured step (LLM cells:
+# tokens, time per token): repeated launches keep them apart, like step times.
+PER_STEP_SAMPLES = ("time_per_token", "tokens")
 
 
 def _base(cell: Cell, status: str, reason: str | None) -> dict[str, Any]:
@@ -83,6 +87,29 @@ def _merge_metrics(records: list[dict]) -> dict[str, Any]:
     return merged
 
 
+def _share(seconds: Any, step_s: float) -> float | None:
+    return round(seconds / step_s, 4) if isinstance(seconds, (int, float)) and step_s > 0 else None
+
+
+def gpu_busy(record: dict | None) -> dict[str, float | None]:
+    """How busy one rank's GPU was: the device time of a step in its counting
+    window (``counters.device_time``: anything the GPU ran, overlaps once; see
+    perfsuite.counting) over the median of its timed steps, and the
+    host-to-device copies' part of that step. None where either is missing:
+    a CPU rank, a rank without a counting window (count_steps=0), a rank
+    that times no steps."""
+    device_time = ((record or {}).get("counters") or {}).get("device_time") or {}
+    samples = (((record or {}).get("metrics") or {}).get("step_time") or {}).get("samples") or []
+    step = statistics.median(samples) if samples else 0.0
+    return {"gpu_busy_share": _share(device_time.get("per_step_s"), step),
+            "h2d_copy_share": _share(device_time.get("memcpy_h2d_s"), step)}
+
+
+def _least_busy(shares: list[Any]) -> float | None:
+    known = [s for s in shares if isinstance(s, (int, float))]
+    return min(known) if known else None
+
+
 def aggregate(cell: Cell, records: list[dict | None], *, status: str, reason: str | None,
               duration_s: float) -> dict[str, Any]:
     """One cell result from the rank records (None: the rank wrote none)."""
@@ -92,7 +119,7 @@ def aggregate(cell: Cell, records: list[dict | None], *, status: str, reason: st
                         "steps": r.get("steps") if r else None,
                         "device": r.get("device") if r else None,
                         "host": r.get("host") if r else None,
-                        "error": r.get("error") if r else None}
+                        "error": r.get("error") if r else None, **gpu_busy(r)}
                        for i, r in enumerate(records)]
     good = [r for r in records if r and r.get("status") == "ok"]
     if records and records[0]:
@@ -104,6 +131,8 @@ def aggregate(cell: Cell, records: list[dict | None], *, status: str, reason: st
             result["reason"] = f"ranks took different numbers of measured steps: {sorted(steps)}"
         result["metrics"] = _merge_metrics(good)
         result["counters"] = counters.sum_ranks([r.get("counters") for r in good])
+        # the least busy GPU: a data-parallel step waits for its slowest rank
+        result["gpu_busy_share"] = _least_busy([rank["gpu_busy_share"] for rank in result["ranks"]])
         result["info"] = good[0].get("info", {})
         profiles = [r["profile"] for r in good if r.get("profile")]
         if profiles:
@@ -135,6 +164,9 @@ def merge_repeats(results: list[dict[str, Any]]) -> dict[str, Any]:
     merged = {**results[0], "duration_s": sum(r.get("duration_s", 0.0) for r in results),
               "repeats": len(results), "metrics": {},
               "counters": counters.agree_launches([r.get("counters") for r in results])}
+    busy = [r["gpu_busy_share"] for r in results if isinstance(r.get("gpu_busy_share"), (int, float))]
+    if "gpu_busy_share" in results[0]:
+        merged["gpu_busy_share"] = round(float(np.median(busy)), 4) if busy else None
     for name in results[0]["metrics"]:
         have = [r["metrics"][name] for r in results if name in r["metrics"]]
         if name == "step_time":
@@ -150,6 +182,9 @@ def merge_repeats(results: list[dict[str, Any]]) -> dict[str, Any]:
         values = [m["value"] for m in have if isinstance(m.get("value"), (int, float))]
         value = float(np.median(values)) if values else None
         merged["metrics"][name] = {**have[0], "value": value}
+        if name in PER_STEP_SAMPLES and all(m.get("samples") for m in have):  # apart, as step times
+            merged["metrics"][name].update(samples=[x for m in have for x in m["samples"]],
+                                           launches=[list(m["samples"]) for m in have])
     return merged
 
 

@@ -14,6 +14,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from .nsys_installs import NsysInstall, describe, installed, where_searched
+
 NSYS_REPORTS = (
     "cuda_api_sum",
     "cuda_gpu_kern_sum",
@@ -52,8 +54,10 @@ class NsysCsvError(NsysError, ValueError):
 
 # -- finding nsys and deciding the profiler --------------------------------
 
-_NOT_INSTALLED = (f"nsys (Nsight Systems) is not installed or not on PATH. Install it, set ${NSYS_BIN_ENV}, "
-                  "or run `nsys stats --format csv` where it is and pass the directory of CSVs instead")
+def _not_installed() -> str:
+    return (f"nsys (Nsight Systems) is not installed: none on PATH nor in {where_searched()}. Install it, "
+            f"set ${NSYS_BIN_ENV}, or run `nsys stats --format csv` where it is and pass the directory of "
+            "CSVs instead")
 
 
 def qdstrm_only_message(install: str = "") -> str:
@@ -77,20 +81,24 @@ def _executable(candidate: str) -> str | None:
     return os.path.abspath(found) if found else None
 
 
-def resolve_nsys(nsys: str | None = None) -> str:
-    """The nsys binary every part of perfsuite runs (the rank wrap, `nsys stats`,
-    the availability check), as an absolute path: ``nsys`` if given, else
-    $PERFSUITE_NSYS_BIN if set, else `nsys` on PATH.
+def locate_nsys(nsys: str | None = None) -> NsysInstall:
+    """The nsys every part of perfsuite runs (the rank wrap, `nsys stats`, the
+    availability check, `perfsuite doctor`) and what its install has beside
+    it: ``nsys`` if given, else $PERFSUITE_NSYS_BIN if set, else `nsys` on
+    PATH, else the best of NVIDIA's install folders (nsys_installs.installed:
+    one with its QdstrmImporter first, Nsight Systems' own, the newest).
+    PATH's nsys gives way only to an install that imports captures where its
+    own install is known to lack the importer.
 
     A set $PERFSUITE_NSYS_BIN that names nothing executable is an error naming
-    it (NsysConfigError), never a quiet fall-back to another nsys on PATH;
+    it (NsysConfigError), never a quiet fall-back to another nsys;
     no nsys at all is NsysNotFoundError.
     """
     if nsys:
         found = _executable(nsys)
         if found is None:
             raise NsysNotFoundError(f"nsys binary {nsys!r}: no such executable file")
-        return found
+        return describe(found, "given")
     configured = os.environ.get(NSYS_BIN_ENV)
     if configured:
         found = _executable(configured)
@@ -98,11 +106,22 @@ def resolve_nsys(nsys: str | None = None) -> str:
             raise NsysConfigError(
                 f"${NSYS_BIN_ENV}={configured!r} names no executable file: point it at the nsys binary "
                 "(e.g. /opt/nvidia/nsight-systems/<version>/bin/nsys) or unset it to use `nsys` from PATH")
-        return found
-    found = _executable("nsys")
-    if found is None:
-        raise NsysNotFoundError(_NOT_INSTALLED)
-    return found
+        return describe(found, f"${NSYS_BIN_ENV}")
+    on_path = _executable("nsys")
+    if on_path is not None:
+        first = describe(on_path, "PATH")
+        if first.can_import is False:
+            return next((i for i in installed() if i.can_import), first)
+        return first
+    found_installs = installed()
+    if not found_installs:
+        raise NsysNotFoundError(_not_installed())
+    return found_installs[0]
+
+
+def resolve_nsys(nsys: str | None = None) -> str:
+    """locate_nsys's binary, as an absolute path."""
+    return locate_nsys(nsys).binary
 
 
 def find_nsys(nsys: str | None = None) -> str | None:
@@ -124,23 +143,17 @@ def missing_importer(binary: str) -> str | None:
     """Why this nsys install cannot turn its captures into reports, or None.
 
     A failure seen earlier in this session (remember_import_failure), else a
-    look at the install: nsys records into a .qdstrm file and its
-    QdstrmImporter (``<install>/host-linux-<arch>/QdstrmImporter``) makes the
-    .nsys-rep; some images ship ``target-linux-<arch>`` alone. Only a layout
-    recognised as Nsight Systems' own (the binary in ``<install>/bin`` or
-    ``<install>/target-linux-<arch>``, beside a ``target-linux-*`` folder)
-    with no QdstrmImporter in the install or one level down counts as missing
-    it; any other layout is given the benefit of the doubt, and a launch that
-    leaves only .qdstrm files is caught afterwards (summarize_path).
+    look at the install (nsys_installs.describe): only a layout recognised as
+    NVIDIA's own with no QdstrmImporter in it counts as missing it; any other
+    layout is given the benefit of the doubt, and a launch that leaves only
+    .qdstrm files is caught afterwards (summarize_path).
     """
     if binary in _IMPORT_FAILED:
         return _IMPORT_FAILED[binary]
-    install = Path(os.path.realpath(binary)).parent.parent
-    if not any(install.glob("target-linux-*")):
+    found = describe(binary, "")
+    if found.can_import is not False:
         return None
-    if any(install.glob("QdstrmImporter")) or any(install.glob("*/QdstrmImporter")):
-        return None
-    return qdstrm_only_message(f"{install}, the install of {binary}, has none")
+    return qdstrm_only_message(f"{found.install}, the install of {binary}, has none")
 
 
 def remember_import_failure(reason: str, nsys: str | None = None) -> None:
@@ -180,8 +193,8 @@ def choose_profiler(requested: str = "auto", *, cuda_available: bool | None = No
         return "torch", "no CUDA device: Nsight Systems traces CUDA, using torch.profiler (CPU activity) instead"
     binary = find_nsys(nsys)
     if binary is None:
-        return "torch", (f"nsys not found (PATH or ${NSYS_BIN_ENV}): using torch.profiler instead; "
-                         "install Nsight Systems to get the paper's nsys metrics")
+        return "torch", (f"nsys not found (${NSYS_BIN_ENV}, PATH, {where_searched()}): using torch.profiler "
+                         "instead; install Nsight Systems to get the paper's nsys metrics")
     broken = missing_importer(binary)
     if broken:
         return "torch", f"{broken}: using torch.profiler instead"

@@ -297,7 +297,8 @@ def _summarize_groups(groups: dict[str, list[Path]], builder) -> ProfileSummary:
 def summarize_path(path: str | os.PathLike, *, nsys: str | None = None) -> ProfileSummary:
     """A ProfileSummary from an nsys report (.nsys-rep / .sqlite; runs
     `nsys stats`), a single CSV, a saved summary .json (torch.profiler runs),
-    or a directory of any of these, one per rank (rank0_cuda_api_sum.csv,
+    a torch.profiler chrome trace (.trace.json, .trace.json.gz), or a
+    directory of reports, CSVs or summaries, one per rank (rank0_cuda_api_sum.csv,
     rank0.nsys-rep, rank0.json): ranks are merged."""
     path = Path(path)
     if not path.exists():
@@ -307,12 +308,17 @@ def summarize_path(path: str | os.PathLike, *, nsys: str | None = None) -> Profi
             raise _qdstrm_only([path])
         if path.suffix == ".csv":
             return summarize_csvs([path], rank=_rank_of(path.name))
+        if path.name.endswith((".trace.json", ".trace.json.gz")):
+            from .trace_summary import summary_from_chrome_trace  # it reads memcpy names through this module
+
+            return summary_from_chrome_trace(path, rank=_rank_of(path.name))
         if path.name.endswith(REPORT_EXTENSIONS):
             return summarize_csvs(run_nsys_stats(path, nsys=nsys).values(), rank=_rank_of(path.name),
                                   report=path)
         if path.suffix == ".json":
             return _read_summary_json(path)
-        raise NsysCsvError(f"{path}: expected a .nsys-rep, .sqlite, .csv or summary .json file, or a directory")
+        raise NsysCsvError(f"{path}: expected a .nsys-rep, .sqlite, .csv, summary .json or .trace.json(.gz) file, "
+                           "or a directory")
     # Exported CSVs win over the report they came from (a cache); reports
     # without CSVs are run through `nsys stats`.
     groups: dict[str, list[Path]] = {}

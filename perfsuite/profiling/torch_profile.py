@@ -6,6 +6,11 @@ labels the training phases with record_function ("data", "forward",
 names so an nsys capture of the same run shows the same phases. In "nsys"
 mode it records nothing itself: it brackets the measured steps with
 cudaProfilerStart/Stop for `nsys profile --capture-range=cudaProfilerApi`.
+
+After the loop it writes the window's chrome trace (gzipped where the path
+ends in .gz, as the launcher's does) and reads its summary back from it
+(perfsuite.profiling.trace_summary); summary_from_key_averages stays for
+callers that hold key_averages() rows already.
 """
 
 from __future__ import annotations
@@ -14,7 +19,6 @@ import contextlib
 import gzip
 import json
 import os
-import re
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
@@ -24,43 +28,23 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
-from .nsys_csv import canonical_memop
-from .summary import H2D, ProfileRow, ProfileSummary, api_base_name
+from .summary import H2D, ProfileRow, ProfileSummary
+from .trace_summary import PHASES, classify_event, h2d_bytes_from_chrome_trace, summary_from_trace_events
 
-PHASES = ("data", "forward", "backward", "optimizer", "comm")
+__all__ = ["MODES", "PHASES", "PROFILE_DIR_ENV", "PROFILER_ENV", "TRACE_COMPRESSLEVEL", "StepProfiler",
+           "classify_event", "h2d_bytes_from_chrome_trace", "read_summary", "summary_from_key_averages",
+           "write_summary"]
+
 MODES = ("torch", "nsys", "off")
 PROFILER_ENV = "PERFSUITE_PROFILER"  # torch | nsys | off, set by the launcher per rank
 PROFILE_DIR_ENV = "PERFSUITE_PROFILE_DIR"  # where per-rank traces/summaries go
-
-_COLLECTIVE = re.compile(r"^(c10d::|c10d_functional::|_c10d_functional::|gloo:|nccl:|record_param_comms)")
-_CUDA_API = re.compile(r"^cu(da)?[A-Z]")
-_MEMCPY_KIND = re.compile(r"^Memcpy\s+(\w+)")
+# gzip's fastest level: a chrome trace shrinks about tenfold at ~150 MB/s
+# (level 9, torch's own for .gz, takes several times longer for a few % less).
+TRACE_COMPRESSLEVEL = 1
 
 
 def _us(value: float | None) -> float:
     return float(value or 0.0) * 1e-6
-
-
-def classify_event(key: str, on_device: bool, user_annotation: bool = False) -> tuple[str, str] | None:
-    """(category, canonical name) for one key_averages() row; None to skip it."""
-    if key.startswith("ProfilerStep"):
-        return None if on_device else ("nvtx", "step")
-    if on_device:
-        if user_annotation:
-            return None  # GPU-side copy of a record_function range
-        if key.startswith("Memset"):
-            return "memset", "CUDA memset"
-        m = _MEMCPY_KIND.match(key)
-        if m:  # "Memcpy HtoD (Pinned -> Device)" -> nsys's "CUDA memcpy Host-to-Device"
-            return "memcpy", canonical_memop(f"CUDA memcpy {m.group(1)}")
-        return "kernel", key
-    if _COLLECTIVE.match(key):  # before annotations: c10d labels gloo ops with record_function
-        return "collective", key
-    if user_annotation or key in PHASES:
-        return "nvtx", key
-    if _CUDA_API.match(key):
-        return "cuda_api", api_base_name(key)
-    return "cpu_op", key
 
 
 def summary_from_key_averages(
@@ -100,21 +84,6 @@ def summary_from_key_averages(
     return summary
 
 
-def h2d_bytes_from_chrome_trace(path: str | os.PathLike) -> float | None:
-    """Bytes copied host-to-device, from the "bytes" arg of gpu_memcpy events
-    (key_averages has no byte counts)."""
-    path = Path(path)
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as handle:
-        trace = json.load(handle)
-    total, seen = 0.0, False
-    for event in trace.get("traceEvents", []):
-        if event.get("cat") == "gpu_memcpy" and "HtoD" in event.get("name", ""):
-            seen = True
-            total += float((event.get("args") or {}).get("bytes", 0))
-    return total if seen else None
-
-
 class StepProfiler:
     """Profile the measured steps of a training loop.
 
@@ -127,8 +96,7 @@ class StepProfiler:
 
     def __init__(self, mode: str = "torch", *, wait: int = 1, warmup: int = 1, active: int = 3,
                  rank: int | None = None, trace_path: str | os.PathLike | None = None,
-                 record_shapes: bool = False, with_stack: bool = False, cuda: bool | None = None,
-                 h2d_from_trace: bool = True) -> None:
+                 record_shapes: bool = False, with_stack: bool = False, cuda: bool | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"profiler mode must be one of {MODES}, not {mode!r}")
         if wait < 0 or warmup < 0 or active < 1:
@@ -139,7 +107,6 @@ class StepProfiler:
         self.trace_path = Path(trace_path) if trace_path else None
         self.record_shapes, self.with_stack = record_shapes, with_stack
         self.cuda = torch.cuda.is_available() if cuda is None else cuda
-        self.h2d_from_trace = h2d_from_trace
         self._prof: profile | None = None
         self._summary: ProfileSummary | None = None
         self._steps_done = 0
@@ -152,12 +119,12 @@ class StepProfiler:
     @classmethod
     def from_env(cls, rank: int | None = None, **kwargs: Any) -> StepProfiler:
         """Mode from $PERFSUITE_PROFILER (default off); the chrome trace goes
-        to $PERFSUITE_PROFILE_DIR/rank<r>.trace.json when that is set."""
+        to $PERFSUITE_PROFILE_DIR/rank<r>.trace.json.gz when that is set."""
         mode = os.environ.get(PROFILER_ENV, "off") or "off"
         mode = "torch" if mode == "auto" else mode
         out_dir = os.environ.get(PROFILE_DIR_ENV)
         if out_dir and mode == "torch" and "trace_path" not in kwargs:
-            kwargs["trace_path"] = Path(out_dir) / f"rank{rank if rank is not None else 0}.trace.json"
+            kwargs["trace_path"] = Path(out_dir) / f"rank{rank if rank is not None else 0}.trace.json.gz"
         return cls(mode, rank=rank, **kwargs)
 
     @property
@@ -250,35 +217,48 @@ class StepProfiler:
         self._captured = prof
 
     def _export(self) -> None:
-        """Summarise the captured window and write its chrome trace, once, outside
-        the timed steps (``__exit__``; ``summary()`` if that never ran)."""
+        """Write the captured window's chrome trace and summarise it, once,
+        outside the timed steps (``__exit__``; ``summary()`` if that never ran).
+
+        Kineto writes the trace in C++; the summary is read back from it
+        (trace_summary), not from ``key_averages()``, whose Python pass over
+        every event took 6 s of the 7 s between a smoke LLM cell's last step
+        and its result. A trace path ending in .gz is kept gzipped; without a
+        path the trace is only read and deleted."""
         prof, self._captured = self._captured, None
         if prof is None:
             return
         began = time.perf_counter()
-        h2d_bytes = None
-        trace = self.trace_path
-        if trace is not None:
-            trace.parent.mkdir(parents=True, exist_ok=True)
-            prof.export_chrome_trace(str(trace))
-        if self.cuda and self.h2d_from_trace:
-            if trace is None:
-                with tempfile.TemporaryDirectory(prefix="perfsuite-trace-") as tmp:
-                    tmp_trace = Path(tmp) / "trace.json"
-                    prof.export_chrome_trace(str(tmp_trace))
-                    h2d_bytes = h2d_bytes_from_chrome_trace(tmp_trace)
-            else:
-                h2d_bytes = h2d_bytes_from_chrome_trace(trace)
-        window = None if self._t_start is None or self._t_end is None else self._t_end - self._t_start
-        meta = {"device": "cuda" if self.cuda else "cpu", "torch": torch.__version__,
-                "schedule": {"wait": self.wait, "warmup": self.warmup, "active": self.active},
-                "exported": "after the timed steps"}
-        if trace is not None:
-            meta["trace"] = str(trace)
-        self._summary = summary_from_key_averages(
-            prof.key_averages(), rank=self.rank, steps=self.captured_steps, window_s=window,
-            h2d_bytes=h2d_bytes, meta=meta)
-        self._summary.meta["export_s"] = time.perf_counter() - began
+        with tempfile.TemporaryDirectory(prefix="perfsuite-trace-") as tmp:
+            keep = self.trace_path
+            raw = Path(tmp) / "trace.json"
+            if keep is not None:
+                keep.parent.mkdir(parents=True, exist_ok=True)
+                if keep.suffix != ".gz":
+                    raw = keep
+            prof.export_chrome_trace(str(raw))
+            written = time.perf_counter()
+            data = raw.read_bytes()
+            events = json.loads(data).get("traceEvents", [])
+            window = None if self._t_start is None or self._t_end is None else self._t_end - self._t_start
+            meta = {"device": "cuda" if self.cuda else "cpu", "torch": torch.__version__,
+                    "schedule": {"wait": self.wait, "warmup": self.warmup, "active": self.active},
+                    "exported": "after the timed steps", "trace_events": len(events)}
+            self._summary = summary_from_trace_events(events, rank=self.rank, steps=self.captured_steps,
+                                                      window_s=window, meta=meta)
+            del events
+            summarised = time.perf_counter()
+            if keep is not None and keep != raw:
+                partial = keep.with_name(keep.name + ".part")
+                with open(partial, "wb") as handle:
+                    handle.write(gzip.compress(data, compresslevel=TRACE_COMPRESSLEVEL, mtime=0))
+                os.replace(partial, keep)
+            if keep is not None:
+                meta["trace"] = str(keep)
+                meta["trace_bytes"] = keep.stat().st_size
+        meta.update(trace_write_s=written - began, summary_s=summarised - written,
+                    export_s=time.perf_counter() - began)
+        self._summary.meta.update(meta)
 
     def summary(self) -> ProfileSummary | None:
         """The captured summary (torch mode, once the window or the with-block

@@ -158,6 +158,8 @@ def _cells_table(cells: list[dict], base: Path | None) -> list[dict[str, Any]]:
             "accuracy": None if accuracy is None else 100 * accuracy,
             "memory": memory, "memory_where": where,
             "wall": cv.number(cell.get("duration_s")),
+            "gpu_busy": None if cv.number(cell.get("gpu_busy_share")) is None
+            else 100 * cell["gpu_busy_share"],
             "verdicts": sorted(verdicts.items()), "attention": attention,
             "step_check": _step_check(cell), "links": links(cell, base)})
     return rows

@@ -40,6 +40,9 @@ def summary_lines(results: list[dict[str, Any]]) -> list[str]:
                     continue  # a brief run's chance-level accuracy reads like a failure
                 if name in m:
                     parts.append(f"{name} {_fmt(m[name])}")
+            busy = r.get("gpu_busy_share")
+            if isinstance(busy, (int, float)):  # GPU cells with a counting window
+                parts.append(f"gpu busy {busy * 100:.0f} %")
         else:
             parts.append(str(r.get("reason")))
         lines.append(f"{r['id']:<{width}}  " + "  ".join(parts))

@@ -119,6 +119,28 @@ def loader_workers(cell: Cell) -> int:
     return cell.loader_workers * (cell.world_size if cell.strategy == "dp" else 1)
 
 
+class MeasuredSteps:
+    """Which steps' times are samples: every step after the first
+    ``warmup_steps``, except those that ``leave_out`` names. A step is left out
+    when it does other work than the steps it is compared with: a batch
+    smaller than the cell's (an epoch's last, partial batch: 29 of 64 images
+    on the digits at 500 px, 68 ms against 138 ms, which then made the floor)
+    and, where DataLoader workers fetch the batches, an epoch's first step
+    (it waits for the workers to produce a batch nobody prefetched: 0.33-0.60 s
+    on an H100 against 0.14-0.35 s). Steps are counted from 0 over the run."""
+
+    def __init__(self, warmup_steps: int) -> None:
+        self.warmup_steps = warmup_steps
+        self.left_out: set[int] = set()
+
+    def leave_out(self, step: int) -> None:
+        self.left_out.add(step)
+
+    def keep(self, per_step: list) -> list:
+        """The samples among one value per step run (step times, shares)."""
+        return [v for i, v in enumerate(per_step) if i >= self.warmup_steps and i not in self.left_out]
+
+
 class DataWaits:
     """Host time each step spent getting its batch, against the step's span.
 
@@ -134,11 +156,13 @@ class DataWaits:
     GPU work. So ``data_wait_share`` (both parts) is an upper bound of the
     data's share, and ``loader_wait_share`` (``next(loader)`` alone: the GPU
     idles while the host waits there) is what tells a cell that measures its
-    DataLoader rather than its GPUs.
+    DataLoader rather than its GPUs. The steps are those of ``measured``
+    (an int: that many warm-up steps, nothing else left out).
     """
 
-    def __init__(self, warmup_steps: int, clock=time.perf_counter) -> None:
-        self.warmup_steps, self.clock = warmup_steps, clock
+    def __init__(self, measured: MeasuredSteps | int, clock=time.perf_counter) -> None:
+        self.measured = MeasuredSteps(measured) if isinstance(measured, int) else measured
+        self.clock = clock
         self._segments: list[list[list[float]]] = [[]]  # per epoch: [time, fetch_s, copy_s]
 
     def mark(self) -> None:
@@ -154,32 +178,43 @@ class DataWaits:
             self._segments.append([])
 
     def shares(self) -> dict[str, float | None]:
-        """Medians over the measured steps (the StepTimer's, warm-up excluded)
-        of (fetch + copy) / span and fetch / span, each step's host span."""
+        """Medians over the measured steps of (fetch + copy) / span and
+        fetch / span, each step's host span."""
         data, loader = [], []
         for marks in self._segments:
             for (began, fetch, copy), (ended, _, _) in zip(marks, marks[1:]):
                 span = max(ended - began, 1e-12)
                 data.append((fetch + copy) / span)
                 loader.append(fetch / span)
-        data, loader = data[self.warmup_steps:], loader[self.warmup_steps:]
+        data, loader = self.measured.keep(data), self.measured.keep(loader)
         median = lambda xs: round(statistics.median(xs), 4) if xs else None  # noqa: E731
         return {"data_wait_share": median(data), "loader_wait_share": median(loader)}
 
 
-def build_loader(cell: Cell, ctx: RankContext, dataset, epoch: int) -> DataLoader:
+def build_loader(cell: Cell, ctx: RankContext, dataset) -> DataLoader:
+    """One DataLoader for every epoch of the run (``epoch_batches`` starts
+    each): its worker processes, if any, persist from one epoch to the next
+    rather than start anew (the papers' loop re-iterates one loader)."""
     sampler = None
-    generator = torch.Generator().manual_seed(ctx.seed + epoch)  # same order on every rank
     if cell.strategy == "ddp-ds":
         sampler = DistributedSampler(dataset, num_replicas=ctx.world_size, rank=ctx.rank,
                                      shuffle=True, seed=ctx.seed)
-        sampler.set_epoch(epoch)
     batch = cell.batch_size * (cell.world_size if cell.strategy == "dp" else 1)
     pin = cell.pin_memory and ctx.device.startswith("cuda")
+    workers = loader_workers(cell)
     return DataLoader(dataset, batch_size=batch, sampler=sampler, shuffle=sampler is None,
-                      generator=generator if sampler is None else None, pin_memory=pin,
-                      num_workers=loader_workers(cell), drop_last=False,
-                      persistent_workers=False)
+                      generator=torch.Generator() if sampler is None else None, pin_memory=pin,
+                      num_workers=workers, drop_last=False, persistent_workers=workers > 0)
+
+
+def epoch_batches(loader: DataLoader, ctx: RankContext, epoch: int):
+    """The batches of ``epoch``: the same order on every rank, seeded by the
+    epoch (with in-process loading, the order of a loader built per epoch)."""
+    if isinstance(loader.sampler, DistributedSampler):
+        loader.sampler.set_epoch(epoch)
+    else:
+        loader.generator.manual_seed(ctx.seed + epoch)
+    return iter(loader)
 
 
 def _autocast(cell: Cell, device: torch.device):
@@ -277,8 +312,10 @@ def run(cell: Cell, ctx: RankContext) -> dict[str, Any]:
         return plain_step(images, labels)
 
     group = ctx.world_size if cell.strategy == "ddp-rr" else 1
+    full_batch = cell.batch_size * (cell.world_size if cell.strategy == "dp" else 1)
+    measured = MeasuredSteps(cell.warmup_steps)
     timer = StepTimer(device, cell.warmup_steps)
-    waits = DataWaits(cell.warmup_steps)
+    waits = DataWaits(measured)
     losses: list[torch.Tensor] = []
     epoch_times: list[float] = []
     moved_bytes = 0
@@ -294,10 +331,13 @@ def run(cell: Cell, ctx: RankContext) -> dict[str, Any]:
         return images, labels.to(device, non_blocking=cell.pin_memory)
 
     def next_batch(batches, record: DataWaits | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        nonlocal partial
+        partial = False
         for slot in range(group):  # round robin: load all, train on own
             began = time.perf_counter()
             fetched = next(batches)
             handed = time.perf_counter()
+            partial |= len(fetched[1]) < full_batch  # alike on every rank: they see the same sizes
             batch = to_device(*fetched)
             if record is not None:  # the timed steps' batches, not the counting window's
                 record.add(handed - began, time.perf_counter() - handed)
@@ -305,19 +345,22 @@ def run(cell: Cell, ctx: RankContext) -> dict[str, Any]:
                 mine = batch
         return mine
 
+    partial = False
+    loader = build_loader(cell, ctx, train_set)
+    steps = steps_per_epoch(cell.strategy, len(loader), ctx.world_size, cell.max_steps)
     with profiler, WallClock(device) as total:
         for epoch in range(cell.epochs):
-            loader = build_loader(cell, ctx, train_set, epoch)
-            steps = steps_per_epoch(cell.strategy, len(loader), ctx.world_size, cell.max_steps)
-            batches = iter(loader)
+            batches = epoch_batches(loader, ctx, epoch)
             with WallClock(device) as epoch_clock:
-                for _ in range(steps):
+                for step in range(steps):
                     ctx.report_progress(step_index, "train", steps * cell.epochs)
                     faults.at_step(fault, ctx.rank, step_index)
                     timer.mark()
                     waits.mark()
                     with phase("data"):
                         images, labels = next_batch(batches, waits)
+                    if partial or (step == 0 and loader.num_workers > 0):
+                        measured.leave_out(step_index)  # other work: see MeasuredSteps
                     if fault is None:
                         losses.append(train_step(images, labels))
                     else:  # injected slowdown: the step's own duration, scaled
@@ -336,7 +379,7 @@ def run(cell: Cell, ctx: RankContext) -> dict[str, Any]:
             timer.close_epoch()
             waits.close_epoch()
 
-    samples = timer.samples()
+    samples = measured.keep(timer.all_step_times())
     step_time = statistics.median(samples) if samples else float("nan")
     loss_curve = torch.stack(losses).float().cpu().tolist() if losses else []
     metrics = {
@@ -353,7 +396,7 @@ def run(cell: Cell, ctx: RankContext) -> dict[str, Any]:
     if window > 0:  # after the timed steps, on the same ranks, so every rank counts alike
         ctx.report_progress(step_index, "count")
         if len(loader) - steps * group < window * group:  # the epoch is used up: a new one,
-            batches = iter(build_loader(cell, ctx, train_set, cell.epochs))
+            batches = epoch_batches(loader, ctx, cell.epochs)
             train_step(*next_batch(batches))  # and its first step (sampler set-up) uncounted
         counters = counting.count_window(lambda: train_step(*next_batch(batches)), device,
                                          window)

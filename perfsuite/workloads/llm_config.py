@@ -200,7 +200,7 @@ def build_plan(cell: Any, rank: int, world_size: int, out_dir: Path, options: di
         cfg["lr_scheduler"] = {**cfg["lr_scheduler"], "num_warmup_steps": cell.lr_warmup_steps}
     if not cuda:
         cfg["enable_activation_checkpointing"] = False
-    if "profiler" in cfg:
+    if "profiler" in cfg:  # the suite's StepProfiler profiles a window; torchtune's would trace again
         cfg["profiler"] = {**cfg["profiler"], "enabled": False}
     info = {
         "recipe": choice.recipe, "base_config": choice.base_config, "model": size,

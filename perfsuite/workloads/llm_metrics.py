@@ -9,7 +9,12 @@
   ``tokens_per_second_per_gpu`` x world size x the recipe's step time (from
   the end of the previous log call to this one). SFT recipes count label
   tokens that are not masked, summed over ranks; DPO recipes count the padded
-  chosen+rejected inputs. Totals over the measured steps.
+  chosen+rejected inputs. Totals over the measured steps; ``tokens`` keeps
+  each measured step's count as its samples.
+- time_per_token: each measured step's time over its tokens (steps without
+  tokens left out), value = median. A step's time follows its batch's
+  padded length, so the step-time verdict of an LLM cell compares this
+  (perfsuite.checks), not raw step times.
 - loss: the recipe's logged loss per step; ``lora_dpo_distributed`` sums it
   over ranks (torchtune 0.6.1), so it is divided by the world size here.
 - mfu: model FLOPs of the measured steps on this rank / their time / the
@@ -99,8 +104,13 @@ def summarise(*, technique: str, recipe: str, device: Any, world_size: int, warm
     tokens = [float(step_log[k]["tokens_per_second_per_gpu"]) * world_size
               * (step_log[k]["t"] - step_log[k - 1].get("t_done", step_log[k - 1]["t"]))
               for k in measured]
-    metrics["tokens"] = metric(round(sum(tokens)), "tokens")
+    counts = [round(t) for t in tokens]  # the recipe counts whole tokens
+    metrics["tokens"] = metric(round(sum(tokens)), "tokens", counts)
     metrics["throughput"] = metric(sum(tokens) / sum(durations), "tokens/s")
+    # A step's time grows with its batch's length: per token, steps compare.
+    per_token = [d / n for d, n in zip(durations, counts) if n > 0]
+    if per_token:
+        metrics["time_per_token"] = metric(statistics.median(per_token), "s/token", per_token)
     if cuda and len(batches) >= steps:
         import torch
 

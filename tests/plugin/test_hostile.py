@@ -22,7 +22,7 @@ from tests.unit.cellkit import survivors
 
 pytest_plugins = ["pytester"]
 
-GPU_CELL = "gate/image/ddp/g2/fp32/px224/nopin/nchw"
+GPU_CELL = "gate/image/ddp/g2/fp32/px500/nopin/nchw"
 NO_GPU = "--perf-allow-no-gpu"  # skip GPU cells where torch sees no GPU, as here
 
 

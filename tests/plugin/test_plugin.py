@@ -37,7 +37,7 @@ def test_unknown_cell_id_is_a_usage_error(pytester):
 def test_missing_gpus_skip_with_reason_and_are_recorded(pytester):
     pytester.makepyfile(CELL_TEST)
     out = pytester.path / "out"
-    result = pytester.runpytest("--perf-cell", "gate/image/ddp/g2/fp32/px224/nopin/nchw",
+    result = pytester.runpytest("--perf-cell", "gate/image/ddp/g2/fp32/px500/nopin/nchw",
                                 "--perf-out", str(out), "-rs", "--perf-allow-no-gpu")
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(["*needs 2 GPU(s), 0 present*"])

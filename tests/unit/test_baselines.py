@@ -175,7 +175,8 @@ def test_ratios_compare_across_profiles_of_the_same_model(paper):
     # What NVML names a real H100 SXM5: the same model at another memory size
     # and GPU count, so the paper's ratios and findings judge it.
     for real in ("h100-80gb-hbm3-80gb-x4-nvlink", "h100-80gb-hbm3-80gb-x8-nvlink",
-                 "h100-sxm5-94gb-94gb-x2-nvlink", "h100-80gb-hbm3-79gb-x1-unknown-link"):
+                 "h100-sxm5-94gb-94gb-x2-nvlink", "h100-80gb-hbm3-79gb-x1-unknown-link",
+                 "h100-80gb-hbm3-80gb-x1"):
         found = find_expectations(params, "speedup", real, reference="precision=fp64",
                                      sets=[paper])
         assert [e.row_ids for e in found] == [("t2-g2-fp16-speedup-vs-fp64",),
@@ -221,6 +222,7 @@ def test_norm(given, expected):
 
 @pytest.mark.parametrize("pid,model", [
     ("h100-sxm-94gb-x4-nvlink", "h100-sxm"), ("h100-80gb-hbm3-80gb-x1-unknown-link", "h100-sxm"),
+    ("h100-80gb-hbm3-80gb-x1", "h100-sxm"),  # one GPU: no link in its id
     ("h100-pcie-80gb-x2-pcie", "h100-pcie"), ("h100-nvl-94gb-x2-nvlink", "h100-nvl"),
     ("a100-sxm4-80gb-80gb-x8-nvlink", "a100-sxm"), ("a100-80gb-pcie-80gb-x1-pcie", "a100-pcie"),
     ("cpu-amd-epyc-9334-32-core-2c", "cpu-amd-epyc-9334-32-core"),

@@ -1,6 +1,8 @@
 """The experiment matrix: every paper cell present, ids unique and stable."""
 
 import itertools
+import json
+from pathlib import Path
 
 import pytest
 
@@ -60,6 +62,24 @@ def test_gate_tier_is_gpu_and_short():
     assert {c.strategy for c in gate} == set(cells.IMAGE_STRATEGIES)
     assert {c.precision for c in gate} == {"fp64", "fp32", "fp16"}
     assert all(c.dataset == "digits" for c in gate)  # needs no data download
+
+
+# The first H100 run's 500 px cells (the papers' per-step setting, 1 GPU).
+MEASURED_500PX = Path(__file__).parents[1] / "data" / "h100-2026-11-25" / "px500-b64-g1.results.json"
+VARIED = {"strategy", "world_size", "precision", "pin_memory", "memory_format", "profile", "sources"}
+
+
+def test_gate_image_cells_run_the_setting_measured_on_an_h100():
+    """Baselines recorded from those results apply to the gate cells: the
+    same ids with the same parameters, and every other gate cell differs
+    from them only in what its experiment varies."""
+    measured = json.loads(MEASURED_500PX.read_text())["cells"]
+    without = lambda params, keys: {k: v for k, v in params.items() if k not in keys}  # noqa: E731
+    for entry in measured:
+        assert without(cells.get(entry["id"]).params(), {"sources"}) == without(entry["params"], {"sources"})
+    setting = without(measured[0]["params"], VARIED)
+    for cell in cells.select(tier="gate", workload="image"):
+        assert without(cell.params(), VARIED) == setting, cell.id
 
 
 def test_ids_unique_and_round_trip():

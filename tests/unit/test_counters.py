@@ -42,6 +42,23 @@ def test_ranks_sum_and_launches_must_agree():
     assert agreed["per_step"] == merged["per_step"] and agreed["unstable"] == ["a", "b"]
 
 
+def test_gpu_time_travels_beside_the_counts_as_a_mean_and_is_never_judged_as_one():
+    """device_time is seconds per step on each rank's GPU: a cell's is the
+    mean over its ranks and launches (one rank's GPU busy share), and a time
+    is no count that must not move."""
+    rank = {"window_steps": 2, "per_step": {"a": 1}, "unstable": [],
+            "device_time": {"per_step_s": 0.010, "kernels_s": 0.008}}
+    merged = counters.sum_ranks([rank, {**rank, "device_time": {"per_step_s": 0.030, "kernels_s": 0.020}}])
+    assert merged["device_time"] == pytest.approx({"per_step_s": 0.020, "kernels_s": 0.014})
+    assert counters.sum_ranks([{**rank, "device_time": None}])["device_time"] is None  # the CPU
+    other = {**merged, "device_time": {"per_step_s": 0.040, "kernels_s": 0.030}}
+    agreed = counters.agree_launches([merged, other])
+    assert agreed["device_time"] == pytest.approx({"per_step_s": 0.030, "kernels_s": 0.022})
+    assert agreed["unstable"] == []
+    assert not counters.exact("device_time/per_step_s") and counters.exact("cuda/memcpy_d2d_calls")
+    assert counters.diff({"device_time/per_step_s": 0.02}, {"device_time/per_step_s": 0.01}) == []
+
+
 def test_diffs_name_what_changed_in_the_words_of_a_step():
     more = {**STEP, "collectives/allreduce/calls": 5, "collectives/allreduce/bytes": 17893472,
             "ops/aten::copy_": 472}

@@ -1,7 +1,5 @@
-"""Work counters in the rank: the dispatch mode, FLOPs, collectives, copies,
-and the CUDA path with torch's and the profiler's answers simulated."""
-
-import types
+"""Work counters in the rank: the dispatch mode, FLOPs, collectives, copies
+(the CUDA path, simulated: test_counting_cuda.py)."""
 
 import pytest
 import torch
@@ -90,37 +88,6 @@ def test_cuda_runtime_calls_are_read_from_the_profilers_events():
     assert counts["cuda/kernel_launches"] == 123 and counts["cuda/memcpy_calls"] == 4
     assert counts["cuda/memset_calls"] == 2 and counts["cuda/syncs/cudaStreamSynchronize"] == 1
     assert counts["cuda/syncs/cudaDeviceSynchronize"] == 0  # named even when none was made
-
-
-def test_the_cuda_window_reads_the_profiler_and_the_peak_allocated(monkeypatch):
-    """On CUDA the window runs torch.profiler and reads torch.cuda's peak:
-    both simulated here, the step itself runs on the CPU."""
-    calls = []
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append("sync"))
-    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: calls.append("reset"))
-    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 4096)
-
-    class FakeProfile:
-        def __init__(self, activities):
-            self.activities = activities
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def key_averages(self):
-            return [types.SimpleNamespace(key="cudaLaunchKernel", count=7),
-                    types.SimpleNamespace(key="cudaDeviceSynchronize", count=1)]
-
-    monkeypatch.setattr("torch.profiler.profile", FakeProfile)
-    _, step = small_step()
-    window = counting.count_window(step, torch.device("cuda", 0), steps=2)
-    per_step = window["per_step"]
-    assert per_step["cuda/kernel_launches"] == 7 and per_step["cuda/syncs/cudaDeviceSynchronize"] == 1
-    assert per_step["memory/peak_allocated"] == 4096 and per_step["ops/aten::convolution"] == 1
-    assert calls[:2] == ["sync", "reset"] and window["unstable"] == []
 
 
 @pytest.mark.slow

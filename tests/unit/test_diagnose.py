@@ -50,3 +50,38 @@ def test_a_rank_that_only_lost_its_peer_is_not_blamed():
     assert reason == "rank 1 failed: RuntimeError: injected fault: rank 1 raised at step 3"
     reason, _ = diagnose.crash_report("", [lost, None])  # rank 1 killed, rank 0 lost it
     assert reason == "rank 1 died without a result (exit code unknown)"
+
+
+# torch 2.11's torchrun has no --log-line-prefix-template: under --tee its
+# lines carry its default prefix, [<role><local rank>]: (a real log's head).
+DEFAULT_PREFIX_LOG = """[default0]:unknown option --log-line-prefix-template=[rank${rank}]:\x20
+[default0]:usage: /opt/torch/.venv/bin/python3 [option] ... [-c cmd | -m mod | file | -] [arg] ...
+[default0]:Try `python -h' for more information.
+E1125 16:44:20.486000 583 torch/distributed/elastic/multiprocessing/api.py:986] failed (exitcode: 2) local_rank: 0
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-25_16:44:20
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : 2 (pid: 587)
+"""
+
+
+def test_each_ranks_tail_is_read_under_the_template_prefix_and_torchruns_default_one():
+    template = "[rank0]: step 1\n[rank1]: step 1\n[rank1]: Traceback\n[rank1]:   File x.py\n"
+    assert diagnose.rank_tails(template) == {0: "step 1", 1: "step 1\nTraceback\n  File x.py"}
+    default = "[default0]:step 1\n[default1]:step 1\n[default1]:Traceback\n[default1]:  File x.py\n"
+    assert diagnose.rank_tails(default) == diagnose.rank_tails(template)  # one node: local rank = rank
+    reason, ranks = diagnose.crash_report(DEFAULT_PREFIX_LOG, [None])
+    assert reason == "rank 0 died without a result (exit code 2)"
+    assert ranks[0]["tail"].splitlines()[0] == "unknown option --log-line-prefix-template=[rank${rank}]: "
+    assert ranks[0]["tail"].splitlines()[-1] == "Try `python -h' for more information."
+
+
+def test_on_several_nodes_only_the_template_prefix_names_a_rank():
+    # [default1] on a node of a 2-node cell is rank 1 or rank 3: a tail is not pinned on a guess.
+    log = "[default1]:from a local rank\n[rank3]: from global rank 3\n"
+    assert diagnose.rank_tails(log, nnodes=2) == {3: "from global rank 3"}
+    assert diagnose.rank_tails(log) == {1: "from a local rank", 3: "from global rank 3"}
+    _, ranks = diagnose.crash_report(log, [None] * 4, nnodes=2)
+    assert ranks[1]["tail"] == "" and ranks[3]["tail"] == "from global rank 3"

@@ -20,9 +20,9 @@ GIB = 2**30
 H100 = "NVIDIA H100 80GB HBM3"
 
 
-def gpu_torch(count=4, cuda="12.8", **more):
-    return {"version": f"2.14.0+cu{cuda.replace('.', '')}", "cuda": cuda, "hip": None, "count": count,
-            "names": [H100] * count, "error": None, "nccl": "2.27.3", **more}
+def gpu_torch(count=4, cuda="12.8", version="2.14.0", **more):
+    return {"version": f"{version}+cu{cuda.replace('.', '')}", "cuda": cuda, "hip": None, "count": count,
+            "names": [H100] * count, "error": None, "nccl": "2.27.3", "torchvision": "0.29.2", **more}
 
 
 def gpu_nvml(count=4, driver="570.86.10", cuda="12.8"):
@@ -65,11 +65,23 @@ def played_why_no_gpu(state, why_no_gpu):
     return ask
 
 
+def launched(device, status="ok", reason=None, tail="", wall_s=11.5):
+    """What doctor_facts.tiny_launch answers after a 1-rank launch on ``device``."""
+    return {"device": device, "status": status, "reason": reason, "wall_s": wall_s, "tail": tail}
+
+
 @pytest.fixture
 def machine(monkeypatch, tmp_path):
-    """A 4-GPU machine with room everywhere and a working nsys; tests change one answer."""
-    state = {"torch": gpu_torch(), "nvml": gpu_nvml(), "shm": (16 * GIB, 16 * GIB),
-             "disk": (500e9, 200e9)}
+    """A 4-GPU machine with room everywhere, a working nsys, and a torchrun that
+    launches (``launches``: the devices a launch was asked for); tests change one answer."""
+    state = {"torch": gpu_torch(), "nvml": gpu_nvml(), "shm": (32 * GIB, 32 * GIB),
+             "disk": (500e9, 200e9), "launch": {}, "launches": []}
+
+    def tiny_launch(device):
+        state["launches"].append(device)
+        return {**launched(device), **state["launch"]}
+
+    monkeypatch.setattr(doctor_facts, "tiny_launch", tiny_launch)
     monkeypatch.setattr(doctor_facts, "torch_facts", lambda: state["torch"])
     monkeypatch.setattr(doctor_facts, "nvml_facts", lambda: state["nvml"])
     monkeypatch.setattr(doctor_facts, "statvfs",
@@ -207,6 +219,16 @@ def test_hidden_gpus_are_named_as_the_reason(machine, monkeypatch):
     assert "unset CUDA_VISIBLE_DEVICES" in check.fix
 
 
+def test_dev_shm_is_sized_for_the_gpus_the_tier_drives(machine):
+    # 16 GiB holds one GPU's 500 px batches, not those of the 4-GPU dp and ddp cells
+    machine["shm"] = (16 * GIB, 16 * GIB)
+    check = by_name(doctor.run_checks(tier="gate"))["shm"]
+    assert check.status == doctor.WARN and "under the 26 GiB" in check.message
+    assert "--ipc=host" in check.fix and "--shm-size=27g" in check.fix
+    machine["torch"] = {**machine["torch"], "count": 1}
+    assert by_name(doctor.run_checks(tier="gate"))["shm"].status == doctor.OK
+
+
 def test_small_dev_shm_warns_of_bus_errors(machine):
     machine["shm"] = (64 * 2**20, 64 * 2**20)
     check = by_name(doctor.run_checks(tier="gate"))["shm"]
@@ -303,5 +325,81 @@ def test_json_output(machine, capsys):
     assert code == 0 and data["ok"] is True and data["tier"] == "gate"
     assert data["blockers"] == 0 and data["warnings"] == 1
     assert [c["name"] for c in data["checks"]] == ["torch", "gpus", "driver", "nccl", "nsys", "shm",
-                                                   "disk", "mnist"]
+                                                   "disk", "mnist", "launch"]
     assert all(c["status"] in doctor.STATUSES for c in data["checks"])
+
+
+# -- the torch perfsuite supports, and a launch that works ----------------------
+
+def pyproject_requirements():
+    from pathlib import Path
+
+    import tomllib
+    from packaging.requirements import Requirement
+
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    required = {Requirement(r).name: str(Requirement(r).specifier) for r in pyproject["project"]["dependencies"]}
+    return {name: required[name] for name in ("torch", "torchvision")}
+
+
+def test_the_supported_range_is_pyprojects(monkeypatch):
+    assert doctor_facts.supported_versions() == pyproject_requirements()
+    # installed from a wheel, not run from a checkout: the distribution's metadata says it
+    monkeypatch.setattr(doctor_facts, "_checkout_pyproject", lambda: None)
+    monkeypatch.setattr(doctor_facts.importlib.metadata, "requires", lambda name: [
+        "torch>=2.11", "torchvision>=0.26", "pytest>=8.3", "psycopg[binary]>=3.2"])
+    assert doctor_facts.supported_versions() == {"torch": ">=2.11", "torchvision": ">=0.26"}
+
+
+@pytest.mark.parametrize("torch_version, torchvision, blocked", [
+    ("2.10.0", "0.25.0", "torch 2.10.0+cu128"), ("2.11.0", "0.25.0", "torchvision 0.25.0"),
+    ("2.11.0", "0.26.0", None), ("2.15.0.dev20261201", "0.30.0.dev20261201", None)])
+def test_a_torch_outside_the_supported_range_is_a_blocker(machine, monkeypatch, torch_version, torchvision,
+                                                            blocked):
+    monkeypatch.setattr(doctor_facts, "supported_versions", lambda: {"torch": ">=2.11", "torchvision": ">=0.26"})
+    machine["torch"] = gpu_torch(version=torch_version, torchvision=torchvision)
+    for tier in ("smoke", "gate", None):
+        check = by_name(doctor.run_checks(tier=tier))["torch"]
+        if blocked:
+            assert check.status == doctor.BLOCKER and blocked in check.message, check
+            assert "outside the versions perfsuite supports" in check.message
+            assert "torch>=2.11" in check.message and "torchvision>=0.26" in check.fix
+        else:  # a nightly is newer than the range's floor, not outside it
+            assert check.status == doctor.OK and "CUDA 12.8" in check.message, check
+
+
+def test_gpu_tiers_launch_one_rank_on_a_gpu_and_the_cpu_tier_on_the_cpu(machine, capsys):
+    code, out = doctor_cli(capsys, "--tier", "gate")
+    assert code == 0 and machine["launches"] == ["cuda"]
+    assert "ok       launch  a 1-rank torchrun launch of the probe on cuda worked (11.5 s)" in out
+    assert "nothing blocks the gate tier" in out
+    code, out = doctor_cli(capsys, "--tier", "smoke")
+    assert code == 0 and machine["launches"] == ["cuda", "cpu"]
+    machine["torch"] = gpu_torch(count=0, names=[], error="Found no NVIDIA driver on your system.")
+    check = by_name(doctor.run_checks(tier="full"))["launch"]
+    assert machine["launches"][-1] == "cpu" and check.status == doctor.OK
+    assert "no GPU to launch on" in check.message
+
+
+def test_a_launch_that_fails_blocks_every_tier_with_its_output(machine, capsys):
+    tail = "\n".join([f"line {i}" for i in range(40)] + [
+        "[default0]:unknown option --log-line-prefix-template=[rank${rank}]: ",
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: "])
+    machine["launch"] = {"status": "error", "reason": "rank 0 died without a result (exit code 2)",
+                         "tail": tail, "rank_tails": {0: "unknown option --log-line-prefix-template"}}
+    for tier in ("gate", "smoke"):
+        code, out = doctor_cli(capsys, "--tier", tier)
+        assert code == 1 and f"1 blocker(s): the {tier} tier cannot run here" in out
+        line = next(line for line in out.splitlines() if " launch " in line)
+        assert line.startswith("BLOCKER") and "rank 0 died without a result (exit code 2)" in line
+        assert "    | rank 0: unknown option --log-line-prefix-template\n" in out and "    | line 39\n" in out
+        assert "line 5\n" not in out  # the tail, not the whole output
+    machine["launch"] = {"status": "timeout", "reason": "no result within 180 s: rank 0 hung", "tail": ""}
+    check = by_name(doctor.run_checks(tier="gate"))["launch"]
+    assert check.status == doctor.BLOCKER and "rank 0 hung" in check.message
+
+
+def test_a_real_tiny_launch_on_this_machines_cpu():
+    answer = doctor_facts.tiny_launch("cpu")
+    assert answer["status"] == "ok", answer
+    assert answer["device"] == "cpu" and 0 < answer["wall_s"] < doctor_facts.LAUNCH_TIMEOUT_S

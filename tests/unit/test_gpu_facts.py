@@ -6,7 +6,8 @@ module, the environment), so the decisions built on those answers run here.
 - a GPU run where torch sees no GPU fails before any launch, saying why,
   unless told to skip the GPU cells;
 - the fingerprint describes the devices torch sees (CUDA_VISIBLE_DEVICES),
-  found in NVML by PCI address, with their PCIe link.
+  found in NVML by PCI address, with their PCIe link, and names the link
+  between them only from what NVML says of links between GPUs.
 """
 
 import sys
@@ -22,7 +23,7 @@ from perfsuite.runner import Runner, SessionError
 
 pytest_plugins = ["pytester"]
 
-GPU_CELL = "gate/image/ddp/g2/fp32/px224/nopin/nchw"
+GPU_CELL = "gate/image/ddp/g2/fp32/px500/nopin/nchw"
 CELL_TEST = """
 import pytest
 
@@ -52,9 +53,14 @@ class NVMLError(Exception):
     pass
 
 
-def fake_nvml(gpus, driver="550.54.15", cuda=12040, p2p=0, fail_init=None):
+NVLINK_INDEX, NOT_SUPPORTED = 2, 5  # NVML_P2P_CAPS_INDEX_NVLINK, NVML_P2P_STATUS_NOT_SUPPORTED
+
+
+def fake_nvml(gpus, driver="550.54.15", cuda=12040, p2p=0, fail_init=None, nvlink_p2p=None):
     """A stand-in for nvidia-ml-py over ``gpus`` (dicts: bus, name, memory,
-    gen, width, gen_now, width_now, nvlinks), in NVML's index order."""
+    gen, width, gen_now, width_now, nvlinks), in NVML's index order.
+    ``p2p``: every pair's P2P status; ``nvlink_p2p``: its status for the
+    NVLink capability where it differs (an exception class: NVML raises it)."""
     def init():
         if fail_init:
             raise NVMLError(fail_init)
@@ -72,9 +78,16 @@ def fake_nvml(gpus, driver="550.54.15", cuda=12040, p2p=0, fail_init=None):
             raise NVMLError("Invalid Argument")
         return int(link < handle["nvlinks"])
 
+    def p2p_status(a, b, index):
+        if index == NVLINK_INDEX and nvlink_p2p is not None:
+            if isinstance(nvlink_p2p, type):
+                raise nvlink_p2p("Not Supported")
+            return nvlink_p2p
+        return p2p
+
     return SimpleNamespace(
         NVMLError=NVMLError, NVML_NVLINK_MAX_LINKS=18, NVML_P2P_CAPS_INDEX_READ=(0,),
-        NVML_P2P_STATUS_OK=0, nvmlInit=init, nvmlShutdown=lambda: None,
+        NVML_P2P_CAPS_INDEX_NVLINK=NVLINK_INDEX, NVML_P2P_STATUS_OK=0, nvmlInit=init, nvmlShutdown=lambda: None,
         nvmlSystemGetDriverVersion=lambda: driver, nvmlSystemGetCudaDriverVersion=lambda: cuda,
         nvmlDeviceGetCount=lambda: len(gpus), nvmlDeviceGetHandleByIndex=lambda i: gpus[i],
         nvmlDeviceGetHandleByPciBusId=by_bus, nvmlDeviceGetName=lambda h: h["name"],
@@ -84,7 +97,7 @@ def fake_nvml(gpus, driver="550.54.15", cuda=12040, p2p=0, fail_init=None):
         nvmlDeviceGetMaxPcieLinkWidth=lambda h: h["width"],
         nvmlDeviceGetCurrPcieLinkGeneration=lambda h: h["gen_now"],
         nvmlDeviceGetCurrPcieLinkWidth=lambda h: h["width_now"],
-        nvmlDeviceGetP2PStatus=lambda a, b, index: p2p)
+        nvmlDeviceGetP2PStatus=p2p_status)
 
 
 # --------------------------------------------------- 1. dp skips on its GPUs
@@ -102,11 +115,11 @@ def no_launch(monkeypatch):
 
 
 @pytest.mark.parametrize("cell_id,present,gpus,reason", [
-    ("gate/image/dp/g4/fp32/px224/nopin/nchw", 2, None, "needs 4 GPU(s), 2 present"),
-    ("gate/image/dp/g2/fp32/px224/nopin/nchw", 1, None, "needs 2 GPU(s), 1 present"),
-    ("gate/image/dp/g2/fp32/px224/nopin/nchw", 4, [3], "needs 2 GPU(s), 1 present"),
-    ("gate/image/ddp/g4/fp32/px224/nopin/nchw", 2, None, "needs 4 GPU(s), 2 present"),
-    ("gate/image/dp/g2/fp32/px224/nopin/nchw", 2, [0, 5],
+    ("gate/image/dp/g4/fp32/px500/nopin/nchw", 2, None, "needs 4 GPU(s), 2 present"),
+    ("gate/image/dp/g2/fp32/px500/nopin/nchw", 1, None, "needs 2 GPU(s), 1 present"),
+    ("gate/image/dp/g2/fp32/px500/nopin/nchw", 4, [3], "needs 2 GPU(s), 1 present"),
+    ("gate/image/ddp/g4/fp32/px500/nopin/nchw", 2, None, "needs 4 GPU(s), 2 present"),
+    ("gate/image/dp/g2/fp32/px500/nopin/nchw", 2, [0, 5],
      "GPU(s) 5 given with --gpus are not present (2 GPU(s) here)"),
 ])
 def test_dp_cells_skip_on_the_gpus_they_drive_not_their_one_process(
@@ -117,9 +130,9 @@ def test_dp_cells_skip_on_the_gpus_they_drive_not_their_one_process(
 
 
 @pytest.mark.parametrize("cell_id,present,gpus", [
-    ("gate/image/dp/g2/fp32/px224/nopin/nchw", 2, None),
-    ("gate/image/dp/g4/fp32/px224/nopin/nchw", 8, [4, 5, 6, 7]),
-    ("gate/image/ddp/g2/fp32/px224/nopin/nchw", 2, None),
+    ("gate/image/dp/g2/fp32/px500/nopin/nchw", 2, None),
+    ("gate/image/dp/g4/fp32/px500/nopin/nchw", 8, [4, 5, 6, 7]),
+    ("gate/image/ddp/g2/fp32/px500/nopin/nchw", 2, None),
 ])
 def test_cells_whose_gpus_are_here_are_launched(tmp_path, monkeypatch, no_launch, cell_id,
                                                 present, gpus):
@@ -286,6 +299,43 @@ def test_a_device_nvml_cannot_find_keeps_torchs_facts_not_another_gpus(monkeypat
     assert env["gpu_count"] == 1 and env["gpu_name"] == H100
     assert env["gpu_memory_bytes"] == 81_008 * 2**20 and env["interconnect"] is None
     assert env["pcie_gen"] is None and env["driver"] == "550.54.15"
+
+
+def test_one_gpu_has_no_link_to_name_whatever_its_nvlinks(monkeypatch):
+    # The H100 SXM5 of the first real run: one GPU, its NVLinks idle (no peer),
+    # which the fingerprint used to call "pcie".
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml([nvml_gpu(NODE[0], nvlinks=0)]))
+    torch_sees(monkeypatch, [NODE[0]])
+    env = fresh_fingerprint()
+    assert env["gpu_count"] == 1 and env["interconnect"] is None
+    assert hardware.profile_id(env) == "h100-80gb-hbm3-80gb-x1"
+    # and a 1-GPU env written before (interconnect "pcie") names the same profile
+    assert hardware.profile_id({**env, "interconnect": "pcie"}) == "h100-80gb-hbm3-80gb-x1"
+
+
+def test_nvlink_is_what_nvml_says_of_the_pairs_not_of_each_gpus_links(monkeypatch):
+    # Each GPU has active NVLinks (to the NVSwitches of a larger node), but NVML
+    # reports no NVLink peer-to-peer between the two torch sees: not "nvlink".
+    node = [nvml_gpu(b) for b in NODE[:2]]
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(node, p2p=0, nvlink_p2p=NOT_SUPPORTED))
+    torch_sees(monkeypatch, NODE[:2])
+    env = fresh_fingerprint()
+    assert env["interconnect"] == "pcie" and env["gpu_p2p"] is True
+    assert hardware.profile_id(env) == "h100-80gb-hbm3-80gb-x2-pcie"
+    # NVLink between them without the per-GPU link query: NVML's pair status decides
+    bridged = [nvml_gpu(b, nvlinks=0) for b in NODE[:2]]
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(bridged, p2p=0, nvlink_p2p=0))
+    assert fresh_fingerprint()["interconnect"] == "nvlink"
+
+
+def test_without_a_pair_answer_every_gpus_active_nvlinks_decide(monkeypatch):
+    node = [nvml_gpu(b) for b in NODE[:4]]
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(node, nvlink_p2p=NVMLError))
+    torch_sees(monkeypatch, NODE[:4])
+    assert fresh_fingerprint()["interconnect"] == "nvlink"
+    node[1] = nvml_gpu(NODE[1], nvlinks=0)
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(node, nvlink_p2p=NVMLError))
+    assert fresh_fingerprint()["interconnect"] == "mixed"
 
 
 def test_pcie_bandwidth_per_generation():

@@ -98,15 +98,16 @@ def test_a_dp_loader_feeds_every_gpu_with_its_own_workers():
     images, labels = _grey(n=8)
     dataset = image_data.ResizedImages(images, labels, 8, "fp32")
     ctx = SimpleNamespace(seed=0, rank=0, world_size=1, device="cpu")
-    loader = image.build_loader(_cell(world_size=3), ctx, dataset, epoch=0)
+    loader = image.build_loader(_cell(world_size=3), ctx, dataset)
     assert loader.num_workers == 12 and loader.batch_size == 3 * 32
-    assert image.build_loader(_cell(device="cpu", world_size=1, loader_workers=0), ctx, dataset,
-                              epoch=0).num_workers == 0  # CPU smoke cells load in-process
+    assert loader.persistent_workers  # started once, not every epoch
+    in_process = image.build_loader(_cell(device="cpu", world_size=1, loader_workers=0), ctx, dataset)
+    assert in_process.num_workers == 0 and not in_process.persistent_workers  # CPU smoke cells
 
 
 def test_data_waits_are_shares_of_the_measured_steps():
     clock = iter([0.0, 1.0, 2.0, 4.0, 10.0, 11.0, 13.0])
-    waits = image.DataWaits(warmup_steps=1, clock=lambda: next(clock))
+    waits = image.DataWaits(1, clock=lambda: next(clock))
     waits.mark()                 # step 0 (warm-up): 0 -> 1
     waits.add(0.9, 0.0)
     waits.mark()                 # step 1: 1 -> 2
@@ -125,6 +126,20 @@ def test_data_waits_are_shares_of_the_measured_steps():
     # data (fetch + copy) / span: 0.5, 0.2, 0.7, 0.1 -> median 0.35; fetch alone: 0.25, 0.1, 0.2, 0
     assert shares == {"data_wait_share": 0.35, "loader_wait_share": 0.15}
     assert image.DataWaits(0).shares() == {"data_wait_share": None, "loader_wait_share": None}
+
+
+def test_data_waits_leave_out_the_steps_the_samples_leave_out():
+    measured = image.MeasuredSteps(warmup_steps=1)
+    clock = iter([0.0, 1.0, 2.0, 4.0, 5.0])
+    waits = image.DataWaits(measured, clock=lambda: next(clock))
+    for fetch, copy in ((0.9, 0.0), (0.25, 0.25), (1.0, 1.0), (0.1, 0.1)):
+        waits.mark()
+        waits.add(fetch, copy)
+    waits.mark()
+    measured.leave_out(2)  # say, a partial batch: its 2 s step is not a sample
+    assert measured.keep([10, 11, 12, 13]) == [11, 13]
+    # data / span of steps 1 and 3: 0.5, 0.2; fetch alone: 0.25, 0.1
+    assert waits.shares() == {"data_wait_share": 0.35, "loader_wait_share": 0.175}
 
 
 def _gpu_result(share):

@@ -41,24 +41,6 @@ def test_digits_split_and_resize():
     assert 0 <= int(label) <= 9
 
 
-def test_the_digits_split_is_cached_whole_and_rebuilt_when_damaged(tmp_path, monkeypatch):
-    import sys
-
-    import torch
-
-    fresh = image_data.load("digits", None, tmp_path)
-    (cached,) = (tmp_path / "image").glob("digits-split-*.pt")
-    assert not list((tmp_path / "image").glob(".*tmp"))
-    # a later launch reads the file and leaves scikit-learn unimported
-    monkeypatch.setitem(sys.modules, "sklearn.datasets", None)
-    again = image_data.load("digits", None, tmp_path)
-    assert all(torch.equal(a, b) for a, b in zip(fresh, again))
-    monkeypatch.delitem(sys.modules, "sklearn.datasets")
-    cached.write_bytes(b"half a file")
-    rebuilt = image_data.load("digits", None, tmp_path)
-    assert all(torch.equal(a, b) for a, b in zip(fresh, rebuilt))
-
-
 def test_mnist_needs_a_directory(tmp_path):
     with pytest.raises(image_data.DataMissing, match="--perf-data-dir"):
         image_data.load("mnist", None)
@@ -211,3 +193,47 @@ def test_a_data_dir_that_does_not_exist_is_named(tmp_path):
     missing = tmp_path / "no-such-dir"
     with pytest.raises(image_data.DataMissing, match=rf"{missing}: no such directory.*--perf-data-dir"):
         image_data.load("mnist", missing)
+
+
+# -- which steps are samples ------------------------------------------------
+
+def _run_in_process(tmp_path, monkeypatch, **changes):
+    """The workload run in this process (``dp`` on the CPU needs no process
+    group) on 40 of the digits, with the DataLoader worker starts counted."""
+    from torch.utils.data import dataloader
+
+    from perfsuite.context import RankContext
+
+    digits = image_data.load("digits", None)
+    monkeypatch.setattr(image.image_data, "load", lambda *args: (digits[0][:40], digits[1][:40],
+                                                                   digits[2][:8], digits[3][:8]))
+    starts = []
+    real = dataloader._MultiProcessingDataLoaderIter.__init__
+
+    def counted(self, loader):
+        starts.append(loader.num_workers)
+        real(self, loader)
+
+    monkeypatch.setattr(dataloader._MultiProcessingDataLoaderIter, "__init__", counted)
+    monkeypatch.delenv("PERFSUITE_PROFILER", raising=False)
+    # 40 images in batches of 16: two whole batches and one of 8 an epoch
+    cell = _cell(strategy="dp", world_size=1, batch_size=16, image_size=8, epochs=2,
+                 warmup_steps=1, **changes)
+    ctx = RankContext(rank=0, world_size=1, local_rank=0, device="cpu", out_dir=tmp_path,
+                      options={"count_steps": "0", "cache_dir": str(tmp_path)})
+    return image.run(cell, ctx), starts
+
+
+def test_samples_leave_out_partial_batches_and_each_epochs_loader_start(tmp_path, monkeypatch):
+    # 6 steps: 1 warm-up; each epoch's last batch (8 of 16 images) is other
+    # work; with worker processes, each epoch's first step waits for them
+    # (the first epoch's is also the warm-up)
+    record, starts = _run_in_process(tmp_path, monkeypatch, loader_workers=1)
+    assert record["steps"] == 6 - 1 - 2 - 1 == len(record["metrics"]["step_time"]["samples"])
+    assert starts == [1]  # the workers start once and serve every epoch
+
+
+def test_in_process_loading_keeps_each_epochs_first_step(tmp_path, monkeypatch):
+    # no worker to start: an epoch's first step fetches its batch like any other
+    record, starts = _run_in_process(tmp_path, monkeypatch, loader_workers=0)
+    assert record["steps"] == 6 - 1 - 2 and starts == []

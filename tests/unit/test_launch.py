@@ -1,19 +1,22 @@
-"""Real cells through torch.distributed.run on CPU (gloo): skip, no hang, crash."""
+"""Real cells through torch.distributed.run on CPU (gloo): skip, no hang, crash;
+and the command built from what the side's torchrun accepts."""
 
+import argparse
 import json
+import sys
 
 import pytest
 from cellkit import tiny_image_cell
 
-from perfsuite import cells
-from perfsuite.launch import LaunchOptions, run_cell
+from perfsuite import cells, diagnose, torchrun_options
+from perfsuite.launch import LaunchOptions, run_cell, torchrun_argv
 from perfsuite.runner import Runner
 
 tiny = tiny_image_cell
 
 
 def test_cell_needing_more_gpus_is_skipped_with_reason(tmp_path):
-    cell = cells.get("gate/image/ddp-ds/g4/fp16/px224/nopin/nchw")
+    cell = cells.get("gate/image/ddp-ds/g4/fp16/px500/nopin/nchw")
     result = run_cell(cell, tmp_path)
     assert result["status"] == "skipped"
     assert result["reason"] == "needs 4 GPU(s), 0 present"
@@ -49,7 +52,7 @@ def test_crash_in_one_cell_keeps_earlier_results(tmp_path):
 
 
 def test_session_gpu_set_bounds_what_a_cell_may_use(tmp_path):
-    cell = cells.get("gate/image/ddp-ds/g1/fp32/px224/nopin/nchw")
+    cell = cells.get("gate/image/ddp-ds/g1/fp32/px500/nopin/nchw")
     result = run_cell(cell, tmp_path, LaunchOptions(gpus=[]))
     assert result["status"] == "skipped" and result["reason"] == "needs 1 GPU(s), 0 present"
 
@@ -74,3 +77,37 @@ def test_ranks_that_skipped_themselves_make_a_skipped_cell_and_a_skip_beside_an_
     assert launch._failure(cell, None, [skipped, error], "", 1, False, 9)[:2] == (
         "error", "rank 1 failed: RuntimeError: boom")
     assert launch._failure(cell, None, [ok, ok], "", 0, False, 9)[:2] == ("ok", None)
+
+
+def torchrun_parser(prefix_template: bool) -> argparse.ArgumentParser:
+    """torchrun's parser in the parts a launch uses: torch 2.11's has no
+    --log-line-prefix-template, later ones have it."""
+    parser = argparse.ArgumentParser(prog="torchrun")
+    for flag in ("--standalone", "--no-python", "--no_python"):
+        parser.add_argument(flag, action="store_true")
+    parser.add_argument("-m", "--module", action="store_true")
+    for option in ("--nnodes", "--nproc-per-node", "--max-restarts", "--tee", "--rdzv-backend",
+                   "--rdzv-endpoint", "--rdzv-id"):
+        parser.add_argument(option)
+    if prefix_template:
+        parser.add_argument("--log-line-prefix-template")
+    parser.add_argument("training_script")
+    parser.add_argument("training_script_args", nargs=argparse.REMAINDER)
+    return parser
+
+
+@pytest.mark.parametrize("prefix_template", [False, True], ids=["torch-2.11", "torch-2.14"])
+def test_the_launch_command_has_only_options_the_interpreters_torchrun_accepts(
+        tmp_path, monkeypatch, prefix_template):
+    import torch.distributed.run
+
+    monkeypatch.setattr(torch.distributed.run, "get_args_parser", lambda: torchrun_parser(prefix_template))
+    monkeypatch.setattr(torchrun_options, "_answers", {})
+    argv = torchrun_argv(tiny(), tmp_path, LaunchOptions())
+    assert argv[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    parsed = torchrun_parser(prefix_template).parse_args(argv[3:])
+    # torch 2.11 took an option it lacked for the script to run: python failed with "unknown option"
+    assert parsed.module and parsed.training_script == "perfsuite.worker"
+    assert parsed.training_script_args[:2] == ["--cell-file", str(tmp_path / "cell.json")]
+    assert parsed.tee == "3" and parsed.nproc_per_node == "2"
+    assert (f"--log-line-prefix-template={diagnose.RANK_PREFIX}" in argv) is prefix_template

@@ -14,13 +14,15 @@ FACTS = {"matmul_params": 1000, "adapter_params": 10, "layers": 2, "width": 8}
 
 
 def step_log(durations, tps=100.0, losses=None, overhead=0.001):
-    """Records as StepLogger writes them: step k logged ``durations[k]`` after step k-1."""
+    """Records as StepLogger writes them: step k logged ``durations[k]`` after step k-1
+    (``tps``: the recipe's tokens/s per GPU, one for every step or a list)."""
     records, t = [], 10.0
+    rates = tps if isinstance(tps, list) else [tps] * len(durations)
     for k, d in enumerate(durations):
         t += d
         records.append({"step": k + 1, "t": t, "t_done": t + overhead,
                         "loss": (losses or [2.0] * len(durations))[k], "lr": 1e-4,
-                        "tokens_per_second_per_gpu": tps})
+                        "tokens_per_second_per_gpu": rates[k]})
     return records
 
 
@@ -58,6 +60,25 @@ def test_tokens_and_throughput_from_the_recipe_rate():
     assert metrics["tokens"]["value"] == pytest.approx(3 * 0.5 * 200 * 2)
     assert metrics["throughput"]["value"] == pytest.approx(400.0)
     assert metrics["throughput"]["unit"] == "tokens/s"
+
+
+def test_each_step_keeps_its_tokens_and_its_time_per_token():
+    # steps of 400, 200 and 300 tokens (padding differs from batch to batch):
+    # per token they took 1, 4 and 2 ms, whatever their raw step times
+    log = step_log([1.0, 0.4, 0.8, 0.6], tps=[0.0, 1000.0, 250.0, 500.0], overhead=0.0)
+    metrics, _, _ = summarise(log, warmup=1)
+    assert metrics["tokens"]["samples"] == [400, 200, 300] and metrics["tokens"]["value"] == 900
+    per_token = metrics["time_per_token"]
+    assert per_token["samples"] == pytest.approx([0.001, 0.004, 0.002])
+    assert per_token["value"] == pytest.approx(0.002) and per_token["unit"] == "s/token"
+    assert metrics["throughput"]["value"] == pytest.approx(900 / 1.8)
+
+
+def test_a_step_without_tokens_has_no_time_per_token():
+    log = step_log([1.0, 0.5, 0.5, 0.5], tps=[0.0, 100.0, 0.0, 100.0], overhead=0.0)
+    metrics, _, _ = summarise(log, warmup=1)
+    assert metrics["tokens"]["samples"] == [50, 0, 50]
+    assert metrics["time_per_token"]["samples"] == pytest.approx([0.01, 0.01])
 
 
 def test_loss_curve_and_dpo_distributed_scaling():

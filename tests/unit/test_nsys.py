@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from perfsuite.profiling import nsys
+from perfsuite.profiling import nsys, nsys_installs
 from perfsuite.profiling.nsys import (
     NsysCsvError,
     NsysNotFoundError,
@@ -427,6 +427,12 @@ def _no_remembered_nsys_failures(monkeypatch):
     monkeypatch.setattr(nsys, "_IMPORT_FAILED", {}, raising=False)
 
 
+@pytest.fixture(autouse=True)
+def _no_installed_nsys(tmp_path, monkeypatch):
+    # the tests' nsys is on PATH or named; none found in this machine's /opt or /usr
+    monkeypatch.setenv(nsys_installs.SEARCH_ROOT_ENV, str(tmp_path / "no-installs"))
+
+
 def _executable(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
@@ -580,18 +586,100 @@ def test_a_profiled_launch_runs_PERFSUITE_NSYS_BIN_into_a_profile_folder_it_made
     assert (profile_dir / "summary.json").is_file()
 
 
-def test_a_launch_that_leaves_only_qdstrm_keeps_its_timings_and_says_why(tmp_path, monkeypatch):
+def test_a_launch_that_leaves_only_qdstrm_gets_a_torch_profile_from_a_second_launch(tmp_path, monkeypatch):
+    """The GPU cell's second, profile-only launch runs here on the CPU (the
+    same cell on device "cpu"), under the real torch.profiler."""
+    from perfsuite import launch
+    from perfsuite.profiling.fallback import CAPTURES_DIR
+
+    real_run_cell, second = launch.run_cell, []
+
+    def run_cell(cell, out_dir, opts=None):
+        if opts is not None and opts.profiler == "torch":
+            second.append((cell, out_dir, opts))
+            cell = cell.replace(device="cpu")
+        return real_run_cell(cell, out_dir, opts)
+
+    monkeypatch.setattr(launch, "run_cell", run_cell)
     result, calls, fake, profile_dir = _profiled_launch(tmp_path, monkeypatch, "qdstrm")
     assert result["status"] == "ok", (result.get("reason"), result.get("output_tail"))
     assert result["metrics"]["step_time"]["samples"] == [0.101, 0.102, 0.103]  # the timings stand
     assert [call[1] for call in calls] == ["profile"]  # nothing for `nsys stats` to read
-    assert "profile" not in result
+    (cell, out_dir, opts), = second
+    assert opts.options["count_steps"] == "0" and cell.epochs == 1 and cell.max_steps == 6
+    assert out_dir == profile_dir / "torch-launch"
+    profile = result["profile"]
+    assert profile["source"] == "torch" and profile["steps"] > 0
+    assert any(row["name"] == "forward" for row in profile["rows"])
     profiler = result["profiler"]
-    assert profiler["mode"] == "nsys"
+    assert profiler["mode"] == "torch" and profiler["timed_under"] == "nsys"
     assert profiler["error"].startswith(
         f".qdstrm only: nsys could not import its capture — QdstrmImporter missing from this nsys "
         f"install ({fake}); install the full Nsight Systems package")
-    assert "no torch.profiler summary" in profiler["note"] and "--perf-profile torch" in profiler["note"]
+    assert "second, profile-only launch under torch.profiler (6 steps" in profiler["note"]
+    assert profiler["profile_launch"]["status"] == "ok"
+    # the captures set aside, the trace where the report links it, the folder readable as a profile
+    assert (profile_dir / CAPTURES_DIR / "rank0.qdstrm").is_file() and not list(profile_dir.glob("*.qdstrm"))
+    trace = profile_dir / "rank0.trace.json.gz"
+    assert trace.is_file() and profile["ranks"][0]["meta"]["trace"] == str(trace)
+    assert summarize_path(profile_dir).to_dict() == profile
     # the rest of the session: torch.profiler instead of this nsys, saying why
     mode, why = choose_profiler("auto", cuda_available=True)
     assert mode == "torch" and why.startswith(".qdstrm only") and str(fake) in why
+
+
+def _qdstrm_result(profile_dir):
+    profile_dir.mkdir(parents=True)
+    (profile_dir / "rank0.qdstrm").write_bytes(b"QDSTRM")
+    return {"status": "ok", "profiler": {"mode": "nsys", "note": "", "error": ".qdstrm only: ..."}}
+
+
+def test_a_profile_only_launch_that_fails_leaves_the_timings_and_says_so(tmp_path):
+    from cellkit import tiny_image_cell
+
+    from perfsuite.launch import LaunchOptions
+    from perfsuite.profiling.fallback import profile_with_torch
+
+    result = _qdstrm_result(tmp_path / "profile")
+    launched = []
+
+    def run_cell(cell, out_dir, opts):
+        launched.append(cell)
+        return {"status": "error", "reason": "rank 0 exited with 1", "dir": str(out_dir / "cells" / cell.id)}
+
+    profile_with_torch(result, tiny_image_cell(profile=True), LaunchOptions(), tmp_path / "profile", run_cell)
+    assert len(launched) == 1 and "profile" not in result
+    assert result["profiler"]["mode"] == "nsys"
+    assert result["profiler"]["error"] == (".qdstrm only: ...; the profile-only launch under torch.profiler "
+                                           "failed (error: rank 0 exited with 1)")
+    assert "this launch's timings stand without a profile" in result["profiler"]["note"]
+
+
+def test_a_cell_across_nodes_is_not_launched_again(tmp_path):
+    from cellkit import tiny_image_cell
+
+    from perfsuite.launch import LaunchOptions
+    from perfsuite.multinode import Nodes
+    from perfsuite.profiling.fallback import profile_with_torch
+
+    result = _qdstrm_result(tmp_path / "profile")
+
+    def run_cell(*args):
+        raise AssertionError("launched")
+
+    profile_with_torch(result, tiny_image_cell(profile=True), LaunchOptions(nodes=Nodes(nnodes=2)),
+                       tmp_path / "profile", run_cell)
+    assert "--profile torch" in result["profiler"]["note"] and "profile" not in result
+    assert (tmp_path / "profile" / "qdstrm" / "rank0.qdstrm").is_file()
+
+
+def test_the_profile_only_launch_is_the_warm_up_and_the_window():
+    from cellkit import tiny_image_cell
+
+    from perfsuite.profiling.fallback import PROFILE_ONLY_STEPS, profile_only
+
+    cell, options = profile_only(tiny_image_cell(max_steps=0, epochs=4, warmup_steps=5, min_accuracy=0.5),
+                                 {"fault": "x"})
+    assert (cell.epochs, cell.max_steps, cell.min_accuracy) == (1, 5 + PROFILE_ONLY_STEPS, 0.0)
+    assert options == {"fault": "x", "count_steps": "0"}
+    assert profile_only(tiny_image_cell(max_steps=6), {})[0].max_steps == 6

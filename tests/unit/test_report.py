@@ -358,6 +358,17 @@ def test_accuracy_only_where_the_cell_has_a_target():
     assert ("perf.accuracy", 0.1) not in junit_properties(brief)
 
 
+def test_gpu_busy_share_in_the_terminal_line_and_the_cells_table():
+    on_cpu = cell(checks=[], gpu_busy_share=None)
+    on_gpu = cell(device="cuda", checks=[], gpu_busy_share=0.934)
+    lines = summary_lines([on_cpu, on_gpu])
+    assert "gpu busy" not in lines[0] and "gpu busy 93 %" in lines[1]
+    page = html.render_html(run([on_cpu, on_gpu]), figures=[])
+    cells_table = Tables(section(page, "cells")).tables[0]
+    assert column(cells_table, "GPU busy (%)") == ["–", "93.4"]
+    assert misaligned(page) == []
+
+
 def errorbars(ax) -> list[tuple[float, float]]:
     """(low, high) of every vertical error bar drawn on the axes (bars' and points')."""
     out = []
@@ -548,7 +559,7 @@ def xunit2_problems(element, parent=None) -> list[str]:
     return problems
 
 
-CHEAP_CELL = "gate/image/ddp/g2/fp32/px224/nopin/nchw"  # skipped before any launch without GPUs
+CHEAP_CELL = "gate/image/ddp/g2/fp32/px500/nopin/nchw"  # skipped before any launch without GPUs
 
 
 @pytest.mark.parametrize("family", ["xunit2", "xunit1"])

@@ -42,6 +42,41 @@ def test_step_time_is_the_slowest_rank_per_step():
     assert out["env"] == {"hostname": "h"}
 
 
+def gpu_record(rank, samples, busy_s, h2d_s=0.0):
+    """A GPU rank's record whose counting window measured ``busy_s`` of device
+    time a step, ``h2d_s`` of it host-to-device copies (perfsuite.counting)."""
+    out = {**record(rank, samples), "device": f"cuda:{rank}"}
+    out["counters"] = {"window_steps": 2, "per_step": {"flops": 10}, "unstable": [],
+                       "device_time": {"per_step_s": busy_s, "kernels_s": busy_s - h2d_s,
+                                       "memcpy_h2d_s": h2d_s, "memcpy_d2h_s": 0.0,
+                                       "memcpy_d2d_s": 0.0, "memset_s": 0.0}}
+    return out
+
+
+def test_gpu_busy_share_is_device_time_over_the_median_step_and_the_cell_takes_the_least_busy_rank():
+    gpu = cell(device="cuda", world_size=2)
+    out = aggregate(gpu, [gpu_record(0, [0.1, 0.2, 0.2], busy_s=0.19, h2d_s=0.02),
+                          gpu_record(1, [0.2, 0.2, 0.3], busy_s=0.15, h2d_s=0.05)])
+    assert [r["gpu_busy_share"] for r in out["ranks"]] == [0.95, 0.75]
+    assert [r["h2d_copy_share"] for r in out["ranks"]] == [0.1, 0.25]
+    assert out["gpu_busy_share"] == 0.75  # rank 1's GPU idled most
+    results.validate({"schema": results.SCHEMA, "cells": [out]})
+
+
+def test_gpu_busy_share_is_unknown_without_device_time():
+    on_cpu = aggregate(cell(), [record(0, [1.0]), record(1, [1.0])])  # counters without device_time
+    assert on_cpu["gpu_busy_share"] is None and on_cpu["ranks"][0]["gpu_busy_share"] is None
+    no_window = gpu_record(0, [0.1, 0.2], busy_s=0.1)
+    no_window.pop("counters")  # count_steps=0: no counting window, no device time
+    assert aggregate(cell(device="cuda", world_size=1), [no_window])["gpu_busy_share"] is None
+
+
+def test_repeated_launches_take_the_median_gpu_busy_share():
+    gpu = cell(device="cuda", world_size=1)
+    launches = [aggregate(gpu, [gpu_record(0, [0.2, 0.2], busy_s=b)]) for b in (0.18, 0.14, 0.16)]
+    assert results.merge_repeats(launches)["gpu_busy_share"] == 0.8
+
+
 def test_unequal_step_counts_are_an_error():
     out = aggregate(cell(), [record(0, [1.0, 2.0]), record(1, [1.0])])
     assert out["status"] == "error" and "different numbers of measured steps" in out["reason"]
@@ -216,6 +251,10 @@ WRONG_SHAPES = {
                                 "cells/0/checks/0: ", "'verdict' is a required property"),
     "counters of text": (lambda d: _set(d, ["cells", 0, "counters", "per_step", "flops"], "many"),
                          "cells/0/counters/per_step/flops: ", "'many' is not of type 'number'"),
+    "a busy share as text": (lambda d: _set(d, ["cells", 0, "gpu_busy_share"], "high"),
+                             "cells/0/gpu_busy_share: ", "'high' is not of type 'number'"),
+    "a rank's busy share as text": (lambda d: _set(d, ["cells", 0, "ranks", 1, "gpu_busy_share"], "idle"),
+                                    "cells/0/ranks/1/gpu_busy_share: ", "'idle' is not of type 'number'"),
 }
 
 

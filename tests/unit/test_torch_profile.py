@@ -148,9 +148,102 @@ def test_window_cut_short_and_modes_that_record_nothing(monkeypatch):
     monkeypatch.setenv(PROFILER_ENV, "torch")
     monkeypatch.setenv(PROFILE_DIR_ENV, "/tmp/perfsuite-prof")
     from_env = StepProfiler.from_env(rank=3, active=2)
-    assert from_env.mode == "torch" and str(from_env.trace_path).endswith("rank3.trace.json")
+    assert from_env.mode == "torch" and str(from_env.trace_path).endswith("rank3.trace.json.gz")
     monkeypatch.delenv(PROFILER_ENV)
     assert StepProfiler.from_env(rank=0).mode == "off"
+
+
+def _rows(summary):
+    return {row.key: (row.calls, row.total_s) for row in summary.rows}
+
+
+def test_the_summary_read_from_the_trace_is_key_averages_own(tmp_path):
+    """Both from one real CPU capture: the same rows, calls and times."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    from perfsuite.profiling.trace_summary import summary_from_chrome_trace
+
+    model, _ = _tiny()
+    opt = torch.optim.AdamW(model.parameters())
+    prof = StepProfiler("torch", cuda=False)  # only for its phase labels
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=3)) as torch_prof:
+        for _ in range(5):
+            _train(prof, 1, model, opt)
+            torch_prof.step()
+    torch_prof.export_chrome_trace(str(tmp_path / "t.json"))
+    from_trace = summary_from_chrome_trace(tmp_path / "t.json")
+    from_averages = summary_from_key_averages(torch_prof.key_averages())
+    assert from_trace.find("aten::addmm", "cpu_op").calls == 6 and from_trace.find("step", "nvtx").calls == 3
+    expected = _rows(from_averages)
+    assert set(_rows(from_trace)) == set(expected)
+    for key, (calls, seconds) in _rows(from_trace).items():
+        assert calls == expected[key][0] and seconds == pytest.approx(expected[key][1], abs=1e-9), key
+
+
+def _x(cat, name, ts, dur, tid=1, **args):
+    return {"ph": "X", "cat": cat, "name": name, "pid": 7, "tid": tid, "ts": ts, "dur": dur, "args": args}
+
+
+def test_a_cuda_trace_in_kinetos_categories():
+    """Event categories and fields as Kineto writes them on a GPU (times in µs)."""
+    from perfsuite.profiling.trace_summary import summary_from_trace_events
+
+    events = [
+        _x("user_annotation", "ProfilerStep#4", 0.0, 1000.0),
+        _x("user_annotation", "forward", 10.0, 500.0),
+        _x("cpu_op", "aten::linear", 20.0, 100.0),
+        _x("cpu_op", "aten::addmm", 30.0, 60.0),
+        _x("cpu_op", "aten::addmm", 31.0, 50.0),  # an only child of its own name folds into it
+        _x("cuda_runtime", "cudaLaunchKernel", 40.0, 8.0),
+        _x("cpu_op", "aten::copy_", 200.0, 50.0),
+        _x("cuda_runtime", "cudaMemcpyAsync", 210.0, 30.0),
+        _x("cpu_op", "profiler::_record_function_exit", 300.0, 1.0),  # key_averages leaves it out
+        _x("kernel", "ampere_sgemm_128x64_tn", 45.0, 70.0, tid=7),
+        _x("gpu_memcpy", "Memcpy HtoD (Pageable -> Device)", 215.0, 20.0, tid=7, bytes=4096),
+        _x("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", 400.0, 5.0, tid=7, bytes=1024),
+        _x("gpu_memset", "Memset (Device)", 420.0, 1.0, tid=7),
+        _x("gpu_user_annotation", "forward", 45.0, 300.0, tid=7),  # the GPU copy of a CPU range
+        {"ph": "s", "cat": "ac2g", "name": "ac2g", "pid": 7, "tid": 1, "ts": 40.0, "id": 1},
+        _x("Trace", "PyTorch Profiler (0)", 0.0, 2000.0, tid="PyTorch Profiler"),
+    ]
+    s = summary_from_trace_events(events, rank=0, steps=1)
+    assert s.find("step", "nvtx").calls == 1 and s.find("forward", "nvtx").total_s == pytest.approx(500e-6)
+    assert s.find("aten::linear", "cpu_op").total_s == pytest.approx(40e-6)  # 100 less its child's 60
+    addmm = s.find("aten::addmm", "cpu_op")
+    assert addmm.calls == 1 and addmm.total_s == pytest.approx(52e-6)  # 60 less the launch's 8
+    assert s.find("cudaLaunchKernel", "cuda_api").total_s == pytest.approx(8e-6)
+    assert s.find("aten::copy_", "cpu_op").total_s == pytest.approx(20e-6)
+    assert s.find("profiler::_record_function_exit") is None
+    assert s.find("ampere_sgemm_128x64_tn", "kernel").total_s == pytest.approx(70e-6)
+    h2d = s.find(H2D, "memcpy")
+    assert h2d.calls == 2 and h2d.total_s == pytest.approx(25e-6) and h2d.bytes == 5120
+    assert s.find("CUDA memset", "memset").calls == 1
+    assert s.category_rows("nvtx") and all(r.name != "forward" or r.calls == 1 for r in s.category_rows("nvtx"))
+
+
+def test_the_export_reads_the_trace_not_key_averages_and_keeps_it_gzipped(tmp_path, monkeypatch):
+    """key_averages() walks every event in Python (6 of the 7 s after a smoke LLM
+    cell's last step): the export must not call it."""
+    import gzip
+
+    from torch.profiler import profile
+
+    def refused(self, *args, **kwargs):
+        raise AssertionError("key_averages() called")
+
+    monkeypatch.setattr(profile, "key_averages", refused)
+    model, opt = _tiny()
+    trace = tmp_path / "rank0.trace.json.gz"
+    with StepProfiler("torch", wait=1, warmup=1, active=2, rank=0, trace_path=trace, cuda=False) as prof:
+        _train(prof, 5, model, opt)
+    s = prof.summary()
+    assert s.steps == 2 and s.find("aten::addmm", "cpu_op").calls == 4
+    assert json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    assert s.meta["trace"] == str(trace) and s.meta["trace_bytes"] == trace.stat().st_size
+    assert s.meta["trace_events"] > 0 and s.meta["export_s"] >= s.meta["summary_s"]
+    assert [p.name for p in tmp_path.iterdir()] == [trace.name]  # no plain copy or partial file left
+    read_back = summarize_path(trace)  # `perfsuite profile rank0.trace.json.gz`
+    assert read_back.rank == 0 and _rows(read_back) == _rows(s)
 
 
 def _ddp_rank(rank, world, port, out_dir):

@@ -1,0 +1,152 @@
+"""The first real H100 results through the judging path a run uses
+(perfsuite.judge.judge with perfsuite.checks), on a machine without a GPU.
+
+On the H100 itself every step-time and work-counter check of these cells was
+skipped ("no comparable baseline on profile h100-80gb-hbm3-80gb-x1-pcie") and
+the 1-GPU precision and pin_memory findings were judged by nothing. Here:
+
+- the four repeated launches of the pinned fp32 500 px cell are judged
+  against baselines/h100-80gb-hbm3-80gb-x1, recorded from the single launch
+  of another file (not against themselves);
+- the papers' 1-GPU findings (perfsuite/experiments/image.toml) pass for the
+  500 px cells and, by the same rule at the subject's 224 px, fail for the
+  gate's 224 px cells: there the host bounds a step, not the GPU;
+- that folder is what perfsuite's recording makes of these files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from perfsuite import baselines as bl
+from perfsuite import cells, recording
+from perfsuite.cells import Cell
+from perfsuite.checks import FindingRatio
+from perfsuite.hardware import profile_id
+from perfsuite.judge import judge
+from perfsuite.results import load
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "h100-2026-11-25"
+PROFILE = "h100-80gb-hbm3-80gb-x1"
+FOLDER = bl.PROJECT_BASELINES / PROFILE
+PIN = "gate/image/ddp-ds/g1/fp32/px500/pin/nchw"
+FINDINGS = ("fp32-faster-than-fp64-1gpu", "fp16-faster-than-fp64-1gpu", "pin-memory-gain-1gpu")
+# The folder's recording: the repeated launches first (their spread), then the
+# single launch that replaces their rows, each file dated by its run's start.
+RECORDED_FROM = ("px500-b64-g1-repeats4", "px500-b64-g1", "gate-image-g1", "gate-llm-g1")
+
+
+def results(name: str) -> dict:
+    return load(DATA / f"{name}.results.json")
+
+
+def by_id(name: str) -> dict[str, dict]:
+    return {c["id"]: c for c in results(name)["cells"]}
+
+
+@pytest.fixture(scope="module")
+def sets():
+    return bl.load_all(bl.PROJECT_BASELINES)
+
+
+def judged(result: dict, twins: dict[str, dict], sets: list) -> dict[str, dict]:
+    """The checks a run makes of ``result``, its twins taken from ``twins``."""
+    def twin_of(params):
+        return twins.get(Cell.from_params(params).id)
+
+    checks = judge(Cell.from_params(result["params"]), result, twin_of, sets)
+    return {c["name"]: c for c in checks}
+
+
+def test_the_results_name_the_one_gpu_profile_their_env_called_pcie():
+    for name in RECORDED_FROM:
+        run = results(name)
+        assert run["env"]["interconnect"] == "pcie" and run["env"]["gpu_count"] == 1
+        assert bl.run_profile(run) == profile_id(run["env"]) == PROFILE
+
+
+def test_repeated_launches_are_judged_against_the_recorded_single_launch(sets):
+    single, repeated = by_id("px500-b64-g1"), by_id("px500-b64-g1-repeats4")
+    checks = judged(repeated[PIN], single, sets)
+    step = checks["step_time"]
+    assert step["verdict"] == "same" and step["baseline"].startswith("recorded run 2026-11-25T17:21")
+    assert "over 4 vs 1 launches" in step["message"]
+    assert step["ratio"] == pytest.approx(138.29 / 138.38, abs=0.001)  # launch medians, ms
+    assert step["ci_low"] > 0.99 and step["ci_high"] < 1.01  # the launches' spread: 0.08 %
+    gain = checks["finding.pin-memory-gain-1gpu"]
+    assert gain["verdict"] == "pass" and gain["observed"] == pytest.approx(1.49, abs=0.01)
+    assert checks["pin_memory_gain"]["verdict"] == "same"  # the ratio of the recorded cells
+
+
+@pytest.mark.parametrize("precision,speedup", [("fp32", 1.68), ("fp16", 2.48)])
+def test_the_papers_precision_finding_holds_at_500_px(sets, precision, speedup):
+    cells_500 = by_id("px500-b64-g1")
+    cell = cells_500[f"gate/image/ddp-ds/g1/{precision}/px500/nopin/nchw"]
+    found = judged(cell, cells_500, sets)[f"finding.{precision}-faster-than-fp64-1gpu"]
+    assert found["verdict"] == "pass" and found["observed"] == pytest.approx(speedup, abs=0.01)
+    assert "2503.15252 Table 2" in found["baseline"]
+
+
+def finding(name: str) -> cells.Finding:
+    return next(f for f in cells.findings() if f.name == name)
+
+
+@pytest.mark.parametrize("name,subject,twin,speedup", [
+    ("fp32-faster-than-fp64-1gpu", "fp32/px224/nopin", "fp64/px224/nopin", 1.19),
+    ("fp16-faster-than-fp64-1gpu", "fp16/px224/nopin", "fp64/px224/nopin", 1.24),
+    ("pin-memory-gain-1gpu", "fp32/px224/pin", "fp32/px224/nopin", 1.19)])
+def test_the_1gpu_findings_fail_for_the_host_bound_224_px_cells(name, subject, twin, speedup):
+    gate = by_id("gate-image-g1")
+    cell, other = (gate[f"gate/image/ddp-ds/g1/{part}/nchw"] for part in (subject, twin))
+    rule = finding(name)
+    assert rule.subject["image_size"] == 500 and not rule.applies(cell["params"])
+    at_224 = dataclasses.replace(rule, subject={**rule.subject, "image_size": 224})
+    check = FindingRatio(at_224)
+    assert check.applies(cell["params"])
+    assert Cell.from_params(check.twin_params(cell["params"])).id == other["id"]
+    verdict = check.evaluate(cell, other)
+    assert verdict.verdict == "fail" and verdict.observed == pytest.approx(speedup, abs=0.01)
+    assert verdict.ci_high < rule.low  # the whole interval below the finding's range
+
+
+def test_llm_cells_are_judged_per_token_by_the_recorded_tokens_per_second(sets):
+    llm = by_id("gate-llm-g1")
+    for cell_id in ("gate/llm/dpo/stack_exchange_paired/g1/bf16/nopin",
+                    "gate/llm/qat-lora/alpaca/g1/bf16/nopin"):
+        cell = llm[cell_id]
+        step = judged(cell, llm, sets)["step_time"]
+        # the folder holds this very launch: what judges an LLM cell, not a comparison
+        assert (step["metric"], step["unit"], step["verdict"]) == ("time_per_token", "s/token", "same")
+        assert step["expected"] == pytest.approx(1 / cell["metrics"]["throughput"]["value"])
+        assert "its tokens/s inverted" in step["baseline"]
+
+
+def test_gpu_work_counters_are_kept_per_software_stack(sets):
+    gate = by_id("gate-image-g1")
+    cell = gate["gate/image/ddp-ds/g1/fp32/px224/nopin/nchw"]
+    assert judged(cell, gate, sets)["work_counters"]["verdict"] == "pass"
+    newer = {**cell, "env": {**cell["env"], "nccl": "2.29.1"}}
+    counted = judged(newer, gate, sets)["work_counters"]
+    assert counted["verdict"] == "skipped" and "nccl=2.28.9" in counted["message"]
+
+
+def test_the_folder_is_what_recording_makes_of_these_files(tmp_path):
+    for name in RECORDED_FROM:
+        run = results(name)
+        started = datetime.datetime.fromtimestamp(run["run"]["started"], datetime.timezone.utc)
+        recording.record_run(run, PROFILE, root=tmp_path, launch_statistic="median",
+                             date=started.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    made, kept = bl.load_profile(tmp_path / PROFILE), bl.load_profile(FOLDER)
+    hand_set = ["tolerance"]  # re-recording keeps them; profile.json says why
+    pd.testing.assert_frame_equal(made.metrics.drop(columns=hand_set),
+                                  kept.metrics.drop(columns=hand_set))
+    assert made.samples == kept.samples and made.counters == kept.counters
+    assert made.launch_spread == kept.launch_spread and kept.launch_statistic == "median"
+    profile = json.loads((FOLDER / "profile.json").read_text())
+    assert profile["kind"] == "recorded" and "tests/data/h100-2026-11-25/" in profile["description"]
