@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ from perfsuite.checks import FAILING
 from perfsuite.comparing import compare_runs
 from perfsuite.fsutil import atomic_write_json
 from perfsuite.launch import LaunchOptions, run_cell
+from perfsuite.options import DEFAULT_LAUNCH_STATISTIC
 from perfsuite.results import SCHEMA as RESULTS_SCHEMA
 from perfsuite.results import merge_repeats
 
@@ -45,7 +46,6 @@ ORDER = "ABBA"  # one round; every round the same, so each side leads half the r
 # A side. Resampled launch floors of the 2-core VM: 10 a side caught a 10 %
 # slowdown 95 % of the time (stats module docstring).
 DEFAULT_MAX_LAUNCHES = 12
-DEFAULT_STATISTIC = "floor"  # on a shared machine neighbours only ever add time
 DECIDED = ("same", "regressed", "improved")
 EXIT_OK, EXIT_REGRESSED, EXIT_USAGE, EXIT_UNDECIDED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 # The side venv's own site-packages sorts '__editable__...' before this
@@ -86,9 +86,21 @@ class Side:
     def label(self) -> str:
         return self.name.lower()
 
-    def options(self) -> LaunchOptions:
-        return LaunchOptions(python=self.python, env=dict(self.env),
-                             options=dict(self.workload_options))
+    def options(self, launch: LaunchOptions | None = None) -> LaunchOptions:
+        """``launch`` (what the session launches with: data dir, workload
+        options, timeout, GPUs, nodes, profiler) run by this side's
+        interpreter, with its environment and workload options on top."""
+        launch = launch or LaunchOptions()
+        return replace(launch, python=self.python, env={**launch.env, **self.env},
+                       options={**launch.options, **self.workload_options})
+
+
+def launch_settings(launch: LaunchOptions | None) -> dict[str, Any]:
+    """What a session's launches were given, for its JSON file."""
+    launch = launch or LaunchOptions()
+    return {"data_dir": str(launch.data_dir) if launch.data_dir else None, "options": dict(launch.options),
+            "timeout_s": launch.timeout_s, "profiler": launch.profiler, "gpus": launch.gpus,
+            "nnodes": launch.nodes.nnodes, "slurm": launch.nodes.slurm}
 
 
 def parse_env(entries: list[str], flag: str) -> dict[str, str]:
@@ -217,11 +229,13 @@ class ABSession:
     is rewritten after every launch, so a crash or Ctrl-C loses nothing measured."""
 
     def __init__(self, cells: list[Cell], side_a: Side, side_b: Side, out_dir: Path | str, *,
-                 tolerance: float = stats.DEFAULT_TOLERANCE, statistic: str = DEFAULT_STATISTIC,
+                 tolerance: float = stats.DEFAULT_TOLERANCE, statistic: str = DEFAULT_LAUNCH_STATISTIC,
                  max_launches: int = DEFAULT_MAX_LAUNCHES, argv: list[str] | None = None,
+                 launch: LaunchOptions | None = None,
                  log: Callable[[str], None] = lambda line: print(line, flush=True)) -> None:
         check_settings(tolerance, statistic, max_launches)
         self.cells, self.sides = list(cells), {"A": side_a, "B": side_b}
+        self.launch = launch  # both sides launch with it, each by its own interpreter and env
         self.out_dir = Path(out_dir).resolve()
         self.path = self.out_dir / "ab.json"
         self.tolerance, self.statistic, self.max_launches = tolerance, statistic, max_launches
@@ -232,6 +246,7 @@ class ABSession:
                          "look_confidence": look_confidence(max_launches),
                          "launch_statistic": statistic, "max_launches": max_launches,
                          "min_launches": launchstats.MIN_LAUNCHES, "order": ORDER,
+                         "launch": launch_settings(launch),
                          "sides": {s.name: asdict(s) for s in (side_a, side_b)}},
             "cells": [], "interrupted": False, "exit_code": None}
 
@@ -297,7 +312,7 @@ class ABSession:
     def _launch(self, cell: Cell, side: Side, index: int, record: dict[str, Any]) -> dict[str, Any]:
         started = time.time()
         result = run_cell(cell, self.out_dir / "launches" / side.label / f"launch{index}",
-                          side.options())
+                          side.options(self.launch))
         samples = result.get("metrics", {}).get("step_time", {}).get("samples") or []
         value = launchstats.launch_values([samples], self.statistic)[0] if samples else None
         record["launches"].append({

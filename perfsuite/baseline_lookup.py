@@ -38,9 +38,11 @@ def find_counters(params: Mapping[str, Any], env: Mapping[str, Any],
     """The newest counters recorded for these cell parameters on this
     software stack, from any folder (counts do not depend on the hardware
     model); otherwise None and why."""
-    versions = counter_versions(env, str(params.get("device", "cpu")))
+    device, workload = str(params.get("device", "cpu")), params.get("workload")
+    versions = counter_versions(env, device, workload)
     same_cell = [c for s in sets for c in s.counters if row_matches(c.params, params)]
-    same_stack = [c for c in same_cell if c.versions == versions]
+    # recorded stacks seen through the same keys: an image cell's entry may name a torchtune
+    same_stack = [c for c in same_cell if counter_versions(c.versions, device, workload) == versions]
     if same_stack:
         return max(same_stack, key=lambda c: c.recorded_at), ""
     if same_cell:

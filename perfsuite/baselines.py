@@ -195,10 +195,17 @@ class CounterBaseline:
     recorded_at: str = ""
 
 
-def counter_versions(env: Mapping[str, Any], device: str) -> dict[str, str]:
+# Built-in workloads that run neither torchtune nor torchao (perfsuite's llm
+# extra): their counts hold whether it is installed or not.
+WITHOUT_LLM_STACK = ("image", "probe")
+
+
+def counter_versions(env: Mapping[str, Any], device: str, workload: str | None = None) -> dict[str, str]:
     """The software a cell's counters depend on: torch and its libraries
     (and on CUDA the toolkit, cuDNN and NCCL), not the CPU or GPU model."""
     keys = COUNTER_VERSION_KEYS + (GPU_COUNTER_VERSION_KEYS if device == "cuda" else ())
+    if workload in WITHOUT_LLM_STACK:
+        keys = tuple(k for k in keys if k not in ("torchtune", "torchao"))
     return {k: str(env[k]) for k in keys if env.get(k) is not None}
 
 
@@ -238,7 +245,7 @@ class BaselineSet:  # one folder: its profile.json facts and its tables
     ratios: pd.DataFrame
     findings: pd.DataFrame
     samples: dict[str, list[float]] = field(default_factory=dict)
-    launch_statistic: str = "median"  # what a launch contributes to a launch-level verdict
+    launch_statistic: str = launchstats.DEFAULT_LAUNCH_STATISTIC  # what a launch gives a launch-level verdict
     # between-launch spread of launch values seen when recording, per statistic
     launch_spread: dict[str, launchstats.LaunchSpread] = field(default_factory=dict)
     counters: tuple[CounterBaseline, ...] = ()  # work counters, portable across hardware
@@ -352,7 +359,7 @@ def load_profile(path: Path | str) -> BaselineSet:
         (not data.get("hardware") or not isinstance(data["hardware"], str),
          "'hardware' must name the hardware profile id"),
         (data.get("kind") not in KINDS, f"'kind' must be one of {KINDS}"),
-        (data.get("launch_statistic", "median") not in LAUNCH_STATISTICS,
+        (data.get("launch_statistic", launchstats.DEFAULT_LAUNCH_STATISTIC) not in LAUNCH_STATISTICS,
          f"'launch_statistic' must be one of {LAUNCH_STATISTICS}")) if bad]
     try:
         spread = _launch_spread(data.get("launch_spread"))
@@ -365,7 +372,7 @@ def load_profile(path: Path | str) -> BaselineSet:
                        _read_table(path / METRICS_FILE, METRIC_COLUMNS, samples),
                        _read_table(path / RATIOS_FILE, RATIO_COLUMNS, samples),
                        _read_table(path / FINDINGS_FILE, RATIO_COLUMNS, samples), samples,
-                       data.get("launch_statistic", "median"), spread,
+                       data.get("launch_statistic", launchstats.DEFAULT_LAUNCH_STATISTIC), spread,
                        _counter_entries(path / COUNTERS_FILE))
 
 

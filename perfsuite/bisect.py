@@ -50,7 +50,8 @@ from perfsuite.baselines import CounterBaseline
 from perfsuite.cells import Cell
 from perfsuite.checks import WorkCountersUnchanged
 from perfsuite.fsutil import atomic_write_json
-from perfsuite.launch import run_cell
+from perfsuite.launch import LaunchOptions, run_cell
+from perfsuite.options import DEFAULT_LAUNCH_STATISTIC
 
 SCHEMA = "perfsuite.bisect/1"
 EXIT_FOUND, EXIT_USAGE, EXIT_UNDECIDED, EXIT_INTERRUPTED = 0, 2, 3, 130
@@ -108,8 +109,8 @@ class Bisection:
 
     def __init__(self, cell: Cell, repo: Path | str, good: str, bad: str, out_dir: Path | str, *,
                  use_counters: bool = False, max_launches: int = ab.DEFAULT_MAX_LAUNCHES,
-                 tolerance: float = stats.DEFAULT_TOLERANCE, statistic: str = ab.DEFAULT_STATISTIC,
-                 argv: list[str] | None = None,
+                 tolerance: float = stats.DEFAULT_TOLERANCE, statistic: str = DEFAULT_LAUNCH_STATISTIC,
+                 argv: list[str] | None = None, launch: LaunchOptions | None = None,
                  log: Callable[[str], None] = lambda line: print(line, flush=True)) -> None:
         ab.check_settings(tolerance, statistic, max_launches)
         self.cell, self.repo = cell, Path(repo).resolve()
@@ -129,6 +130,7 @@ class Bisection:
                               "the good commit in the bad one's history") from None
         self.use_counters, self.max_launches = use_counters, max_launches
         self.tolerance, self.statistic, self.log = tolerance, statistic, log
+        self.launch = launch  # every launch's data dir, workload options, timeout, GPUs, nodes, profiler
         self.in_range = int(_git(self.repo, "rev-list", "--count",
                                  f"{self.good_commit}..{self.bad_commit}", what="git rev-list"))
         self.walker: ab.Side | None = None  # the worktree git bisect moves; side B
@@ -143,7 +145,7 @@ class Bisection:
             "bad": {"ref": bad, "commit": self.bad_commit, "subject": self.subject(self.bad_commit)},
             "mode": "counters" if use_counters else "ab", "commits_in_range": self.in_range,
             "settings": {"tolerance": tolerance, "launch_statistic": statistic,
-                         "max_launches": max_launches},
+                         "max_launches": max_launches, "launch": ab.launch_settings(launch)},
             "reference": None, "judged": [], "measured_commits": 0, "first_bad": None,
             "candidates": [], "outcome": None, "reason": None, "bisect_log": "",
             "interrupted": False, "exit_code": None}
@@ -341,7 +343,7 @@ class Bisection:
         assert self.walker is not None
         started = time.monotonic()
         result = run_cell(self.cell, self.out_dir / "commits" / f"00-{self.good_commit[:12]}-good",
-                          self._side(self.good_commit).options())
+                          self._side(self.good_commit).options(self.launch))
         seconds = round(time.monotonic() - started, 2)
         counted = result.get("counters") or {}
         self.reference = {"commit": self.good_commit, "subject": self.data["good"]["subject"],
@@ -364,7 +366,7 @@ class Bisection:
     def _judge_counters(self, commit: str, step_dir: Path) -> Judgement:
         assert self.reference is not None
         subject = self.subject(commit)
-        result = run_cell(self.cell, step_dir, self._side(commit).options())
+        result = run_cell(self.cell, step_dir, self._side(commit).options(self.launch))
         base = self.reference["counters"]
         baseline = CounterBaseline(self.cell.id, {}, {}, base["per_step"],
                                    unstable=tuple(base.get("unstable", [])),
@@ -388,7 +390,8 @@ class Bisection:
         assert self.good_side is not None
         session = ab.ABSession([self.cell], self.good_side, self._side(commit), step_dir,
                                tolerance=self.tolerance, statistic=self.statistic,
-                               max_launches=self.max_launches, log=lambda line: self.log(f"    {line}"))
+                               max_launches=self.max_launches, launch=self.launch,
+                               log=lambda line: self.log(f"    {line}"))
         session.run()
         if session.data["interrupted"]:
             raise KeyboardInterrupt

@@ -1,21 +1,27 @@
-"""``perfsuite history``: add, changes, show, detection (see perfsuite.history and
-perfsuite.history_changes)."""
+"""``perfsuite history``: add, changes, show, report (see perfsuite.history and
+perfsuite.history_changes); its detection benchmark is ``perfsuite selftest
+history-detection``."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
+
+from perfsuite import options
+from perfsuite.cli_exits import emit_json
 
 EXIT_OK, EXIT_REGRESSED, EXIT_USAGE = 0, 1, 2
 # As perfsuite.history and history_changes have them (a test checks), without importing them here.
 DEFAULT_METRIC, DEFAULT_MAX_PVALUE, DEFAULT_WINDOW = "step_time", 0.0001, 20
-LAUNCH_STATISTICS, DEFAULT_LAUNCH_STATISTIC = ("floor", "median"), "floor"
-LAUNCH_STATISTIC_HELP = ("what each launch of a step time gives its run's point: its floor (fastest "
-                         "step; neighbours on a shared machine only ever add time) or its median")
-URL_HELP = ("history store: an SQLite file or any SQLAlchemy URL, e.g. postgresql://user@host/db "
-            "(default .perfsuite/history.sqlite)")
+LAUNCH_STATISTICS, DEFAULT_LAUNCH_STATISTIC = options.LAUNCH_STATISTICS, options.DEFAULT_LAUNCH_STATISTIC
+LAUNCH_STATISTIC_HELP = ("what each launch of a step time gives its run's point: its median step, or its floor "
+                         "(fastest step), for a shared machine whose neighbours only ever add time")
+HISTORY_HELP = ("history store: an SQLite file or any SQLAlchemy URL, e.g. postgresql://user@host/db "
+                "(default: $PERFSUITE_HISTORY, else .perfsuite/history.sqlite)")
+PURPOSES = options.HISTORY_PURPOSES
+INCLUDE_HELP = ("take runs of these purposes too: experiment (an injected fault or a workload option), "
+                "ad-hoc (outside .perfsuite/), all; comma-separated (default: runs only)")
 
 
 def _fail(command: str, err: Exception) -> int:
@@ -23,15 +29,39 @@ def _fail(command: str, err: Exception) -> int:
     return EXIT_USAGE
 
 
+def _include(args: argparse.Namespace, command: str) -> tuple[str, ...] | None:
+    from perfsuite.history import parse_include
+
+    try:
+        return parse_include(args.include)
+    except ValueError as err:
+        _fail(command, err)
+        return None
+
+
+def _say_left_out(left_out: dict[str, int]) -> None:
+    from perfsuite.history import left_out_line
+
+    line = left_out_line(left_out)
+    if line:
+        print(line)
+
+
 def _cmd_add(args: argparse.Namespace) -> int:
     from perfsuite.history import History, HistoryError
 
     try:
-        with History(args.url) as history:
-            added = history.add_run(args.run, commit=args.commit, branch=args.branch)
+        with History(args.history) as history:
+            added = history.add_run(args.run, commit=args.commit, branch=args.branch,
+                                    purpose=args.history_purpose)
     except HistoryError as err:
         return _fail("add", err)
-    print(added.describe())
+    if args.json:
+        from dataclasses import asdict
+
+        emit_json(args, {**asdict(added), "line": added.describe()})
+    else:
+        print(added.describe())
     return EXIT_OK
 
 
@@ -70,17 +100,30 @@ def _cmd_changes(args: argparse.Namespace) -> int:
     if not 0 < args.max_pvalue < 1 or args.min_change < 0 or args.window < 2:
         return _fail("changes", ValueError("--max-pvalue must lie in (0, 1), --min-change >= 0, "
                                            "--window >= 2"))
+    include = _include(args, "changes")
+    if include is None:
+        return EXIT_USAGE
     try:
-        with History(args.url, create=False) as history:
+        with History(args.history, create=False) as history:
             series = history.series(cell=args.cell, metric=args.metric, since=args.since,
-                                    branch=args.branch, launch_statistic=args.launch_statistic)
+                                    branch=args.branch, launch_statistic=args.launch_statistic,
+                                    include=include)
+            left_out = history.left_out(cell=args.cell, metric=args.metric, since=args.since,
+                                        branch=args.branch, include=include)
     except HistoryError as err:
         return _fail("changes", err)
     if not series:
         if args.cell:  # a name that matches nothing must not pass a nightly gate quietly
-            return _fail("changes", LookupError(f"no {args.metric} history of {args.cell} "
+            from perfsuite.history import left_out_line
+
+            hint = f"; {left_out_line(left_out)}" if left_out else ""
+            return _fail("changes", LookupError(f"no {args.metric} history of {args.cell}{hint} "
                                                 "(`perfsuite history show` lists a cell's runs)"))
-        print(f"no {args.metric} history yet")
+        if args.json:
+            emit_json(args, {"series": [], "regressed_at_head": [], "left_out": left_out})
+        else:
+            print(f"no {args.metric} history yet")
+            _say_left_out(left_out)
         return EXIT_OK
     report, at_head = [], []
     for (cell, metric, profile), points in series.items():
@@ -91,10 +134,11 @@ def _cmd_changes(args: argparse.Namespace) -> int:
             at_head.append(changes[-1])
         report.append((cell, metric, profile, points, changes))
     if args.json:
-        print(json.dumps({"series": [{"cell": c, "metric": m, "profile": p, "commits": len(points),
-                                      "changes": [ch.to_dict() for ch in changes]}
-                                     for c, m, p, points, changes in report],
-                          "regressed_at_head": [ch.to_dict() for ch in at_head]}, indent=1))
+        emit_json(args, {"series": [{"cell": c, "metric": m, "profile": p, "commits": len(points),
+                                     "changes": [ch.to_dict() for ch in changes]}
+                                    for c, m, p, points, changes in report],
+                         "regressed_at_head": [ch.to_dict() for ch in at_head],
+                         "left_out": left_out})
     else:
         for cell, metric, profile, points, changes in report:
             if not changes and not args.verbose:
@@ -106,6 +150,7 @@ def _cmd_changes(args: argparse.Namespace) -> int:
         found = sum(len(r[4]) for r in report)
         print(f"{found} change point(s) in {len(report)} series (Apache Otava E-Divisive, "
               f"p <= {args.max_pvalue:g}, windows of {args.window})")
+        _say_left_out(left_out)
         for change in at_head:
             print(f"REGRESSED at head: {change.cell} {change.metric} [{change.profile}] since "
                   f"{change.first_bad.commit[:12]}")
@@ -113,13 +158,19 @@ def _cmd_changes(args: argparse.Namespace) -> int:
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
-    from perfsuite.history import History, HistoryError, when
+    from perfsuite.history import History, HistoryError, left_out_line, when
 
+    include = _include(args, "show")
+    if include is None:
+        return EXIT_USAGE
     try:
-        with History(args.url, create=False) as history:
+        with History(args.history, create=False) as history:
             series = history.series(cell=args.cell, metric=args.metric, since=args.since,
-                                    branch=args.branch, launch_statistic=args.launch_statistic)
-            known = history.cell_ids() if not series else []
+                                    branch=args.branch, launch_statistic=args.launch_statistic,
+                                    include=include)
+            left_out = history.left_out(cell=args.cell, metric=args.metric, since=args.since,
+                                        branch=args.branch, include=include)
+            known = history.cell_ids() if not series and not left_out else []
     except HistoryError as err:
         return _fail("show", err)
     if not series:
@@ -127,14 +178,25 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
         close = difflib.get_close_matches(args.cell, known, n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
+        hint += f"; {left_out_line(left_out)}" if left_out else ""
         return _fail("show", LookupError(f"no {args.metric} history of {args.cell}{hint}"))
+    if args.json:
+        emit_json(args, {"series": [{"cell": cell, "metric": metric, "profile": profile, "points": [
+            {"commit": p.commit, "branch": p.branch, "time": p.time, "value": p.value, "unit": p.unit,
+             "values": p.values, "launches": p.launches, "purposes": sorted(set(p.purposes))} for p in points]}
+            for (cell, metric, profile), points in series.items()], "left_out": left_out})
+        return EXIT_OK
     for (cell, metric, profile), points in series.items():
         print(f"{cell} {metric} [{profile}]")
         print(f"  {'commit':12}  {'time':20}  {'value':>14}  launches  branch")
         for point in points:
             runs = f" ({len(point.values)} runs)" if len(point.values) > 1 else ""
+            # with --include, a point that is not (only) meant runs says what it holds
+            marks = sorted({p for p in point.purposes if p != "run"})
+            runs += f" [{', '.join(marks)}]" if marks else ""
             print(f"  {point.commit[:12]:12}  {when(point.time):20}  "
                   f"{_fmt(point.value, point.unit):>14}  {point.launches:8}  {point.branch or '-'}{runs}")
+    _say_left_out(left_out)
     return EXIT_OK
 
 
@@ -144,119 +206,99 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
     if not 0 < args.max_pvalue < 1 or args.window < 2:
         return _fail("report", ValueError("--max-pvalue must lie in (0, 1), --window >= 2"))
+    include = _include(args, "report")
+    if include is None:
+        return EXIT_USAGE
     cells = args.cell or None
     try:
-        out, trends = write_trends_page(args.url, args.out, cells, args.metric or [DEFAULT_METRIC],
+        out, trends = write_trends_page(args.history, args.out, cells, args.metric or [DEFAULT_METRIC],
                                         since=args.since, branch=args.branch,
                                         max_pvalue=args.max_pvalue, window=args.window,
-                                        launch_statistic=args.launch_statistic)
+                                        launch_statistic=args.launch_statistic, include=include)
     except (HistoryError, LookupError) as err:
         return _fail("report", err)
     changes = sum(len(t.changes) for t in trends)
-    print(f"trends: {out} ({len({t.cell for t in trends})} cell(s), {len(trends)} series, "
-          f"{changes} change point(s))")
+    if args.json:
+        emit_json(args, {"trends": str(out), "cells": len({t.cell for t in trends}), "series": [
+            {"cell": t.cell, "metric": t.metric, "profile": t.profile, "commits": len(t.points),
+             "changes": [c.to_dict() for c in t.changes]} for t in trends]})
+    else:
+        print(f"trends: {out} ({len({t.cell for t in trends})} cell(s), {len(trends)} series, "
+              f"{changes} change point(s))")
     return EXIT_OK
 
 
-def _cmd_detection(args: argparse.Namespace) -> int:
-    from perfsuite import history_detection
+def _store_option(p: argparse.ArgumentParser) -> None:
+    options.add_old_name(p, "--url", p.add_argument("--history", metavar="URL", help=HISTORY_HELP))
 
-    try:
-        launches = [int(x) for x in str(args.launches).split(",") if x.strip()]
-        if args.series < 1 or not launches or min(launches) < 1 or args.commits < 12:
-            raise ValueError
-    except ValueError:
-        return _fail("detection", ValueError("--series >= 1, --launches N[,N...] each >= 1, "
-                                             "--commits >= 12"))
-    try:
-        noise = history_detection.load_noise(args.runs_dir, args.baselines, args.launch_statistic)
-    except history_detection.NoNoise as err:
-        return _fail("detection", err)
-    return history_detection.run(noise, series=args.series, launches=launches, commits=args.commits,
-                                 step=args.step, drift=args.drift, seed=args.seed,
-                                 by_session=args.by_session, max_pvalue=args.max_pvalue)
+
+def _series_options(p: argparse.ArgumentParser) -> None:
+    """Which runs a reader takes and how it values them: changes, show, report."""
+    p.add_argument("--since", metavar="REF", help="only runs from this commit (or date YYYY-MM-DD) on "
+                                                  "(default: every run)")
+    p.add_argument("--branch", metavar="NAME", help="only runs of this branch (default: every branch)")
+    _store_option(p)
+    p.add_argument("--launch-statistic", choices=LAUNCH_STATISTICS, default=DEFAULT_LAUNCH_STATISTIC,
+                   help=LAUNCH_STATISTIC_HELP)
+    p.add_argument("--include", action="append", metavar="PURPOSES", help=INCLUDE_HELP)
 
 
 def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     """``perfsuite history ...`` on the CLI's subparsers (imports nothing heavy:
     every perfsuite command builds this parser)."""
+    from perfsuite import cli_selftest
+
     parser = subparsers.add_parser("history", help="runs kept per commit; change points in them")
-    sub = parser.add_subparsers(dest="history_command", required=True)
+    sub = parser.add_subparsers(dest="history_command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("add", help="store a finished run (its results.json) in the history")
     p.add_argument("run", type=Path, help="run directory or results.json")
     p.add_argument("--commit", metavar="SHA", help="default: git rev-parse HEAD here, else the run's env")
     p.add_argument("--branch", metavar="NAME", help="default: the branch checked out here")
-    p.add_argument("--url", help=URL_HELP)
+    _store_option(p)
+    purpose = p.add_argument("--history-purpose", choices=PURPOSES,
+                             help="mark the run so, also one already stored (default: experiment when its cells "
+                                  "were launched with workload options, else run); an injected fault is always "
+                                  "an experiment")
+    options.add_old_name(p, "--purpose", purpose)
+    p.add_argument("--json", action="store_true", help="print what was stored as JSON")
     p.set_defaults(func=_cmd_add)
 
     p = sub.add_parser("changes", help="change points per cell, metric and hardware profile; "
                                        "exit 1 when the newest run sits after a regression")
-    p.add_argument("--cell", metavar="PATTERN", help="a cell id or a glob (smoke/image/*)")
-    p.add_argument("--metric", default=DEFAULT_METRIC, metavar="NAME")
-    p.add_argument("--since", metavar="REF", help="only runs from this commit (or date YYYY-MM-DD) on")
-    p.add_argument("--branch", metavar="NAME", help="only runs of this branch")
-    p.add_argument("--url", help=URL_HELP)
+    p.add_argument("--cell", metavar="PATTERN", help="a cell id or a glob, smoke/image/* (default: every cell)")
+    p.add_argument("--metric", default=DEFAULT_METRIC, metavar="NAME", help="the metric of the series")
+    _series_options(p)
     p.add_argument("--max-pvalue", type=float, default=DEFAULT_MAX_PVALUE,
-                   help="significance of a change point (Otava's t-test; default %(default)s)")
+                   help="significance of a change point (Otava's t-test)")
     p.add_argument("--min-change", type=float, default=0.0, metavar="FRACTION",
                    help="keep a significant change point only beyond this relative size")
     p.add_argument("--window", type=int, default=DEFAULT_WINDOW, metavar="COMMITS",
-                   help="commits per window of Otava's split step (default %(default)s)")
+                   help="commits per window of Otava's split step")
     p.add_argument("--json", action="store_true", help="print the changes as JSON")
     p.add_argument("-v", "--verbose", action="store_true", help="list series without changes too")
-    p.add_argument("--launch-statistic", choices=LAUNCH_STATISTICS, default=DEFAULT_LAUNCH_STATISTIC,
-                   help=LAUNCH_STATISTIC_HELP)
     p.set_defaults(func=_cmd_changes)
 
     p = sub.add_parser("show", help="print a cell's series: commit, time, value, per profile")
     p.add_argument("cell", metavar="CELL", help="a cell id or a glob")
-    p.add_argument("--metric", default=DEFAULT_METRIC, metavar="NAME")
-    p.add_argument("--since", metavar="REF")
-    p.add_argument("--branch", metavar="NAME")
-    p.add_argument("--url", help=URL_HELP)
-    p.add_argument("--launch-statistic", choices=LAUNCH_STATISTICS, default=DEFAULT_LAUNCH_STATISTIC,
-                   help=LAUNCH_STATISTIC_HELP)
+    p.add_argument("--metric", default=DEFAULT_METRIC, metavar="NAME", help="the metric of the series")
+    _series_options(p)
+    p.add_argument("--json", action="store_true", help="print the series' points as JSON")
     p.set_defaults(func=_cmd_show)
 
     p = sub.add_parser("report", help="write the trends page: per cell and metric the values over "
                                       "commits, change points marked, one series per hardware profile")
-    p.add_argument("--url", help=URL_HELP)
     p.add_argument("--out", type=Path, metavar="PATH",
                    help="the page (default: trends.html beside the SQLite store, "
                         ".perfsuite/trends.html for the default one; else ./trends.html)")
     p.add_argument("--cell", action="append", metavar="PATTERN",
                    help="a cell id or a glob (smoke/image/*); repeat for more (default: every cell)")
     p.add_argument("--metric", action="append", metavar="NAME",
-                   help=f"repeat for more (default {DEFAULT_METRIC})")
-    p.add_argument("--since", metavar="REF", help="only runs from this commit (or date YYYY-MM-DD) on")
-    p.add_argument("--branch", metavar="NAME", help="only runs of this branch")
-    p.add_argument("--max-pvalue", type=float, default=DEFAULT_MAX_PVALUE,
-                   help="as `history changes` (default %(default)s)")
-    p.add_argument("--window", type=int, default=DEFAULT_WINDOW, metavar="COMMITS",
-                   help="as `history changes` (default %(default)s)")
-    p.add_argument("--launch-statistic", choices=LAUNCH_STATISTICS, default=DEFAULT_LAUNCH_STATISTIC,
-                   help=LAUNCH_STATISTIC_HELP)
+                   help=f"repeat for more (default: {DEFAULT_METRIC})")
+    _series_options(p)
+    p.add_argument("--max-pvalue", type=float, default=DEFAULT_MAX_PVALUE, help="as `history changes`")
+    p.add_argument("--window", type=int, default=DEFAULT_WINDOW, metavar="COMMITS", help="as `history changes`")
+    p.add_argument("--json", action="store_true", help="print the page's path and its series' change points as JSON")
     p.set_defaults(func=_cmd_report)
 
-    p = sub.add_parser("detection", help="how often `history changes` finds a 7 %% step at its "
-                                         "commit, a 1 %%-per-commit drift, and nothing in unchanged "
-                                         "code, on series built from this machine's measured launches")
-    p.add_argument("--series", type=int, default=20, help="series per figure")
-    p.add_argument("--launches", default="1,4,16,32,64", metavar="N[,N...]",
-                   help="launches per nightly run (its value: their medians' median)")
-    p.add_argument("--commits", type=int, default=30, help="commits per series")
-    p.add_argument("--step", type=float, default=0.07, help="the step's size")
-    p.add_argument("--drift", type=float, default=0.01, help="the drift per commit (10 commits)")
-    p.add_argument("--by-session", action="store_true",
-                   help="each run's launches from one measured session (keeps session-to-session "
-                        "shifts) instead of from all launches")
-    p.add_argument("--max-pvalue", type=float, default=DEFAULT_MAX_PVALUE)
-    p.add_argument("--seed", type=int, default=20261124)
-    p.add_argument("--runs-dir", type=Path, default=Path(".perfsuite"),
-                   help="where A/B sessions' ab.json files are looked for")
-    p.add_argument("--baselines", type=Path, default=Path("baselines"),
-                   help="baselines root, for samples.json or launch_spread when no ab.json is found")
-    p.add_argument("--launch-statistic", choices=LAUNCH_STATISTICS, default=DEFAULT_LAUNCH_STATISTIC,
-                   help=LAUNCH_STATISTIC_HELP)
-    p.set_defaults(func=_cmd_detection)
+    cli_selftest.add_old_command(sub, "detection", "history-detection")

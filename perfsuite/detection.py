@@ -189,15 +189,15 @@ def _earlier_trials(path: Path, settings: dict[str, Any], resume: bool) -> list[
         records = saved["per_trial"]
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise ValueError(f"{path} is not a detection summary this version can continue "
-                         f"({err}); choose another --work-dir") from err
+                         f"({err}); choose another --out") from err
     if not resume:
         raise ValueError(f"{path} already holds {len(records)} trial(s); pass --resume to "
-                         f"go on with them or choose another --work-dir")
+                         f"go on with them or choose another --out")
     differ = {k: (saved.get(k), v) for k, v in settings.items() if saved.get(k) != v}
     if differ:
         raise ValueError(f"{path} was measured with other settings "
                          f"({', '.join(f'{k}: {a} there, {b} now' for k, (a, b) in differ.items())}); "
-                         f"resume with the same settings or choose another --work-dir")
+                         f"resume with the same settings or choose another --out")
     return records
 
 

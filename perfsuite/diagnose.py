@@ -35,6 +35,11 @@ _WAITING = re.compile(r"all_reduce|allreduce|barrier|broadcast|all_gather|reduce
                       r"_pre_forward|_post_forward|_run_ddp_forward|backward")
 
 
+def is_peer_failure(message: str) -> bool:
+    """Whether a rank's error only says a peer went away (not the root cause)."""
+    return bool(_PEER_FAILURE.search(message or ""))
+
+
 def signal_name(code: int | None) -> str | None:
     if code is None or code >= 0:
         return None

@@ -112,11 +112,11 @@ def check_torch(torch: dict[str, Any], gpu_tier: bool, supported: dict[str, str]
         return Check("torch", BLOCKER, f"{' and '.join(outside)} {'is' if len(outside) == 1 else 'are'} "
                      f"outside the versions perfsuite supports ({', '.join(ranges)}: its pyproject.toml)",
                      f"pip install {' '.join(repr(r) for r in ranges)} from the wheel index that "
-                     "matches the driver (README, On GPUs)")
+                     "matches the driver (docs/how-to/gpu-runners.md)")
     if torch.get("hip"):
         return Check("torch", BLOCKER if gpu_tier else WARN,
                      f"torch {torch['version']} is a ROCm build (HIP {torch['hip']}): the GPU tiers "
-                     "need CUDA and NCCL", "install a CUDA build of torch (README, On GPUs)")
+                     "need CUDA and NCCL", "install a CUDA build of torch (docs/how-to/gpu-runners.md)")
     if torch.get("cuda") is None:
         return Check("torch", BLOCKER if gpu_tier else OK,
                      f"torch {torch['version']} is a CPU-only build (torch.version.cuda is None)"
@@ -190,7 +190,7 @@ def check_driver(torch: dict[str, Any], nvml: dict[str, Any], gpu_tier: bool) ->
                                    "is a CPU-only build (see the torch line)")
     ours, theirs = _version(build), _version(runs)
     index = _index_for(theirs)
-    switch = (f"install torch from https://download.pytorch.org/whl/{index} (README, On GPUs)"
+    switch = (f"install torch from https://download.pytorch.org/whl/{index} (docs/how-to/gpu-runners.md)"
               if index else "torch's current wheels need CUDA 12.6 or newer")
     if ours and theirs and ours[0] > theirs[0]:
         return Check("driver", BLOCKER if gpu_tier else WARN,
@@ -374,6 +374,36 @@ def check_mnist(data_dir: Path | None, tier: str | None, cells: list) -> Check:
                               f"({counts['train_images']} train, {counts['test_images']} test images)")
 
 
+def check_extras(tier: str | None, cells: list, history_url: str | None) -> Check:
+    """perfsuite's extras: the llm extra for the tier's LLM cells (without it each
+    fails, naming it), the postgres extra for a postgresql:// $PERFSUITE_HISTORY."""
+    from perfsuite import extras
+
+    missing = doctor_facts.extras_missing()
+    problems, fixes = [], []
+    llm_cells = sum(c.workload == "llm" for c in cells)
+    if missing.get("llm") and llm_cells:
+        problems.append(f"{llm_cells} LLM cell(s){f' of the {tier} tier' if tier else ''} will fail "
+                        f"({', '.join(missing['llm'])} not installed)")
+        fixes.append(f"{extras.message('llm')} (or run only the image cells: perfsuite run --workload image, "
+                     "pytest -k image)")
+    if missing.get("postgres") and str(history_url or "").startswith(("postgres://", "postgresql")):
+        from perfsuite.history_schema import HistoryError, resolve_url, shown_url
+
+        try:
+            resolve_url(history_url)  # psycopg2, if installed, serves it instead
+        except HistoryError:
+            problems.append(f"runs cannot be added to $PERFSUITE_HISTORY {shown_url(history_url)} "
+                            f"({', '.join(missing['postgres'])} not installed)")
+            fixes.append(extras.message("postgres"))
+    if problems:
+        return Check("extras", WARN, "; ".join(problems), "; ".join(fixes))
+    have = [name for name, absent in missing.items() if not absent]
+    lacking = [name for name, absent in missing.items() if absent]
+    return Check("extras", OK, (f"{', '.join(have)} installed" if have else "none installed")
+                 + "".join(f"; {name} not installed ({extras.EXTRAS[name].needs} it)" for name in lacking))
+
+
 def check_launch(torch: dict[str, Any], tier: str | None) -> Check:
     """One real launch: on a GPU for a GPU tier (without a tier, where torch
     sees one), else on the CPU. A launch that fails blocks every tier."""
@@ -403,7 +433,8 @@ def run_checks(tier: str | None = None, data_dir: Path | None = None) -> list[Ch
             check_gpus(torch, nvml, tier, cells), check_driver(torch, nvml, gpu_tier),
             check_nccl(torch, gpu_tier), check_nsys(tier), check_shm(tier, cells, torch.get("count") or 0),
             check_disk(tier, cells),
-            check_mnist(data_dir, tier, cells), check_launch(torch, tier)]
+            check_mnist(data_dir, tier, cells), check_extras(tier, cells, os.environ.get("PERFSUITE_HISTORY")),
+            check_launch(torch, tier)]
 
 
 def summary(checks: list[Check], tier: str | None) -> dict[str, Any]:

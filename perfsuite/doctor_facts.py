@@ -87,6 +87,13 @@ def supported_versions() -> dict[str, str]:
     return {r.name: str(r.specifier) for r in required if r.name in SUPPORTED and not r.marker}
 
 
+def extras_missing() -> dict[str, list[str]]:
+    """Per extra of perfsuite (``perfsuite.extras``), its modules not installed here."""
+    from perfsuite import extras
+
+    return {name: extras.missing(name) for name in extras.EXTRAS}
+
+
 def tiny_launch(device: str) -> dict[str, Any]:
     """One launch of the preflight probe on 1 rank of ``device`` ("cpu" | "cuda")
     through perfsuite's own launch path (torchrun with the options this

@@ -1,8 +1,9 @@
 """Change points in the history: per cell, metric and hardware profile (another
 profile starts another series), one point per commit in the order the commits
 were first measured (``History.series``), found by Apache Otava's E-Divisive
-implementation (``otava.analysis.compute_change_points``: E-Divisive
-candidates, Student's t-test significance, Hunter's split/merge). Each change
+implementation (``compute_change_points``: E-Divisive candidates, Student's
+t-test significance, Hunter's split/merge), of which perfsuite keeps a copy
+(``perfsuite.edivisive``; the package pins numpy exactly). Each change
 is told with the last good and first bad commit, its size as a Hodges-Lehmann
 ratio of the segments' values with its Mann-Whitney interval
 (``stats.shift_ratio_interval``) and what the work counters of the two runs
@@ -20,7 +21,7 @@ import numpy as np
 from perfsuite.history import DEFAULT_METRIC, Point
 
 # Otava defaults to p 0.001 and windows of 50 commits. Measured by `perfsuite
-# history detection` (200 series): 0.001 called a change in 4-6 % of unchanged
+# selftest history-detection` (200 series): 0.001 called a change in 4-6 % of unchanged
 # 30-commit series, 0.0001 in 1-2 % with the same power from 16 launches a
 # run; windows of 20 keep a step and its fix 10 commits later apart (with
 # windows of 30 or 50 and p 0.0001, neither was found in 50/50 series).
@@ -84,15 +85,14 @@ def find_changes(points: list[Point], *, cell: str = "", metric: str = DEFAULT_M
                  profile: str = "", max_pvalue: float = DEFAULT_MAX_PVALUE,
                  min_change: float = 0.0, window: int = DEFAULT_WINDOW) -> list[Change]:
     """The change points of one series, oldest first, by Otava's E-Divisive
-    (``compute_change_points``)."""
-    from otava.analysis import compute_change_points
+    (``perfsuite.edivisive.compute_change_points``)."""
+    from perfsuite.edivisive import compute_change_points
 
     values = [p.value for p in points]
     if len(values) < 3 or not all(math.isfinite(v) for v in values):
         return []
-    # A list, not an array: otava's windowed split slices only lists.
-    found, _weak = compute_change_points(list(map(float, values)), window_len=window,
-                                         max_pvalue=max_pvalue, min_magnitude=min_change)
+    found = compute_change_points(list(map(float, values)), window_len=window,
+                                  max_pvalue=max_pvalue, min_magnitude=min_change)
     indexes = sorted({int(cp.index) for cp in found if 0 < int(cp.index) < len(values)})
     pvalues = {int(cp.index): float(cp.stats.pvalue) for cp in found}
     bounds = [0, *indexes, len(values)]

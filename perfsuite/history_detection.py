@@ -1,4 +1,4 @@
-"""``perfsuite history detection``: what ``history changes`` finds, on series
+"""``perfsuite selftest history-detection``: what ``history changes`` finds, on series
 built from this machine's own measured launches.
 
 Each series is a nightly history of ``commits`` commits, one run per commit;
@@ -9,7 +9,10 @@ is drawn from the launches this machine measured of unchanged code (its real
 between-launch noise): the A/B sessions' ``ab.json`` under ``.perfsuite``
 (side A, and side B where it ran the same code), else the baselines'
 ``samples.json`` (per-launch samples), else a baseline's recorded
-``launch_spread`` (a normal model of its log s.d.). Three figures, each on
+``launch_spread`` (a normal model of its log s.d.). Runs' results.json
+under ``--runs-dir`` with repeated launches come first, those the history
+keeps as ``run`` (or would: launched without workload options) unless
+``--include`` takes others, as ``history changes`` does. Three figures, each on
 ``series`` series, detected by the same ``history_changes.find_changes``:
 
 - a 7 % step at the middle commit: found at that very commit (first bad);
@@ -28,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import sqlalchemy as sa
 
 from perfsuite.history import Point
 from perfsuite.history_changes import DEFAULT_MAX_PVALUE, DEFAULT_WINDOW, find_changes
@@ -149,13 +153,50 @@ def _from_ab(runs_dir: Path, statistic: str) -> Noise | None:
                                          f"(launch {statistic}s; side B only where it ran the same code)")
 
 
-def _from_runs(runs_dir: Path, statistic: str) -> Noise | None:
+def _stored_purposes(url: str | None) -> dict[str, str]:
+    """run key -> the purpose the history at ``url`` (None: the default
+    store) keeps each run with; nothing where there is no store."""
+    from perfsuite.history import History, HistoryError
+    from perfsuite.history_schema import runs
+
+    try:
+        with History(url, create=False) as history, history.engine.connect() as conn:
+            return dict(conn.execute(sa.select(runs.c.run_key, runs.c.purpose)).all())
+    except (HistoryError, sa.exc.SQLAlchemyError):
+        return {}
+
+
+def _purpose_of(path: Path, data: dict[str, Any], stored: dict[str, str]) -> str:
+    """A run's purpose: as the history keeps it, else as it would be stored
+    (``experiment`` when its cells were launched with workload options)."""
+    from perfsuite.history import run_purpose
+    from perfsuite.history_rows import run_key, run_options
+
+    try:
+        key = run_key(data, path.read_bytes())
+    except OSError:
+        key = None
+    return stored.get(key) or run_purpose(run_options(data)).name
+
+
+def _from_runs(runs_dir: Path, statistic: str, include: tuple[str, ...] = (),
+               url: str | None = None) -> Noise | None:
     """Launch floors or medians of cells a run launched several times
     (``perfsuite run --repeats R``, ``--perf-repeats R``): the form a nightly
-    run takes, each results.json one session."""
+    run takes, each results.json one session; runs stored with another
+    purpose than ``run`` only when ``include`` names it, as ``history
+    changes`` takes them."""
     per_cell: dict[str, list[tuple[int, float]]] = {}
     used = []
+    stored: dict[str, str] | None = None
+    left_out: dict[str, int] = {}
     for session, path, data in _sessions(runs_dir, "results.json"):
+        if stored is None:  # opened once, and only where there are runs
+            stored = _stored_purposes(url)
+        purpose = _purpose_of(path, data, stored)
+        if purpose not in ("run", *include):
+            left_out[purpose] = left_out.get(purpose, 0) + 1
+            continue
         cells = data.get("cells")
         took = False
         for cell in cells if isinstance(cells, list) else []:
@@ -167,8 +208,9 @@ def _from_runs(runs_dir: Path, statistic: str) -> Noise | None:
         if took:
             used.append(path)
     where = sorted({str(p.parent.parent) for p in used})
+    skipped = "".join(f"; {n} {purpose} run(s) left out" for purpose, n in sorted(left_out.items()))
     return _grouped(per_cell, statistic, f"{len(used)} runs' results.json under {', '.join(where[:3])} "
-                                         f"(launch {statistic}s of cells launched 2+ times)")
+                                         f"(launch {statistic}s of cells launched 2+ times{skipped})")
 
 
 def _grouped(per_cell: dict[str, list[tuple[int, float]]], statistic: str, source: str) -> Noise | None:
@@ -244,10 +286,13 @@ def _from_spread(baselines: Path, statistic: str) -> Noise | None:
 
 
 def load_noise(runs_dir: Path | str = ".perfsuite", baselines: Path | str = "baselines",
-               statistic: str = "floor") -> Noise:
+               statistic: str = "floor", *, include: tuple[str, ...] = (), url: str | None = None) -> Noise:
     """This machine's between-launch noise of launch floors (or medians),
-    from the best source there is."""
-    for source in (lambda: _from_runs(Path(runs_dir), statistic), lambda: _from_ab(Path(runs_dir), statistic),
+    from the best source there is. Runs' results.json count when the
+    history at ``url`` (None: the default store) keeps them as ``run``, or
+    with a purpose in ``include``."""
+    for source in (lambda: _from_runs(Path(runs_dir), statistic, tuple(include), url),
+                   lambda: _from_ab(Path(runs_dir), statistic),
                    lambda: _from_samples(Path(baselines), statistic),
                    lambda: _from_spread(Path(baselines), statistic)):
         noise = source()
@@ -255,7 +300,7 @@ def load_noise(runs_dir: Path | str = ".perfsuite", baselines: Path | str = "bas
             return noise
     raise NoNoise(f"no measured launches: no results.json of repeated launches and no ab.json with "
                   f"{MIN_LAUNCHES}+ launches under {runs_dir}, "
-                  f"no samples.json or launch_spread under {baselines}; run `perfsuite detection --ab` "
+                  f"no samples.json or launch_spread under {baselines}; run `perfsuite selftest verdict-detection --ab` "
                   "or `perfsuite run CELL --repeats 16`, or record a baseline with --perf-repeats 2 first")
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from perfsuite import options
 from perfsuite.history_schema import HistoryError
 
 # The software a run is measured with: kept apart from the machine's fingerprint.
@@ -67,6 +68,32 @@ def run_key(data: Mapping[str, Any], raw: bytes) -> str:
     ids = sorted(str(c.get("id")) for c in data.get("cells") or [])
     text = json.dumps({"started": started, "cells": ids}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def run_options(data: Mapping[str, Any]) -> dict[str, str]:
+    """The workload options (``--option`` / ``--perf-option KEY=VALUE``) the
+    run's cells were launched with, as their launch commands carry them."""
+    options: dict[str, str] = {}
+    for cell in data.get("cells") or []:
+        argv = cell.get("argv") if isinstance(cell, dict) else None
+        if not isinstance(argv, list):
+            continue
+        for flag, value in zip(argv, argv[1:]):
+            if flag == "--option" and isinstance(value, str) and "=" in value:
+                key, _, val = value.partition("=")
+                options[key] = val
+    return options
+
+
+def options_of_file(results_path: Path | str) -> dict[str, str] | None:
+    """``run_options`` of a results.json (or its folder); None when it cannot
+    be read."""
+    path = Path(results_path)
+    try:
+        data = json.loads((path / "results.json" if path.is_dir() else path).read_bytes())
+    except (OSError, ValueError):
+        return None
+    return run_options(data) if isinstance(data, dict) else None
 
 
 def run_env(data: Mapping[str, Any]) -> dict[str, Any]:
@@ -133,9 +160,8 @@ def rows_of_cells(cell_results: list[dict[str, Any]]) -> tuple[list[dict], list[
 
 
 # What each launch of a step time contributes to a run's point (as for
-# ``perfsuite ab``): "floor", its fastest step, or "median", its median step.
-LAUNCH_STATISTICS = ("floor", "median")
-DEFAULT_LAUNCH_STATISTIC = "floor"
+# ``perfsuite ab``): "median", its median step, or "floor", its fastest step.
+LAUNCH_STATISTICS, DEFAULT_LAUNCH_STATISTIC = options.LAUNCH_STATISTICS, options.DEFAULT_LAUNCH_STATISTIC
 
 
 def launch_key(metric: str, statistic: str) -> str:

@@ -3,9 +3,10 @@ and the database behind them (a URL, an engine that waits for other writers).
 
 SQLAlchemy Core over any database URL. The default is an SQLite file,
 ``.perfsuite/history.sqlite`` (embedded, nothing to start); a team shares
-one history through a PostgreSQL URL. The layout is versioned (table
-``meta``, ``schema_version``) and older layouts are migrated on open
-(``MIGRATIONS``). ``perfsuite.history`` reads and writes through it.
+one history through a PostgreSQL URL; ``$PERFSUITE_HISTORY`` names the
+store to use when none is given. The layout is versioned (table ``meta``,
+``schema_version``) and older layouts are migrated on open (``MIGRATIONS``).
+``perfsuite.history`` reads and writes through it.
 """
 
 from __future__ import annotations
@@ -18,8 +19,14 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import event
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 DEFAULT_PATH = Path(".perfsuite") / "history.sqlite"
+HISTORY_ENV = "PERFSUITE_HISTORY"  # the store used when no --history / --url names one
+# What a stored run is for: "run" (meant to be kept: the series read it), "experiment"
+# (an injected fault or a workload option), "ad-hoc" (a look at a cell; see
+# perfsuite.history.run_purpose). Readers take "run" only unless asked for more.
+PURPOSES = ("run", "experiment", "ad-hoc")
+DEFAULT_PURPOSE = "run"
 BUSY_TIMEOUT_S = 60.0  # SQLite: how long a writer waits for another's transaction
 _PG_LOCK_KEY = 0x70657266  # PostgreSQL advisory lock: one schema set-up at a time
 
@@ -50,6 +57,8 @@ runs = sa.Table(
     sa.Column("fingerprint", sa.JSON),
     sa.Column("software", sa.JSON),
     sa.Column("source", sa.Text),  # where results.json was read from
+    sa.Column("purpose", sa.String(16), nullable=False, server_default=DEFAULT_PURPOSE),
+    sa.Column("options", sa.JSON),  # the workload options it was launched with ({} for none)
 )
 
 cells = sa.Table(
@@ -105,24 +114,64 @@ def _migrate_0_to_1(conn: sa.Connection) -> None:
                      .values(software=software_versions(fingerprint or {})))
 
 
+def _migrate_1_to_2(conn: sa.Connection) -> None:
+    """Version 1 kept every run alike; version 2 marks each with its purpose
+    and workload options. A stored run gets the purpose it would be stored
+    with now, as far as the store can tell: ``experiment`` when its
+    results.json is still there and its cells were launched with workload
+    options; ``ad-hoc`` when the store is a ``.perfsuite/history.sqlite`` file
+    (perfsuite's default) and the run's folder lies outside that folder;
+    else ``run``."""
+    from perfsuite.history_rows import options_of_file
+
+    have = {c["name"] for c in sa.inspect(conn).get_columns("runs")}
+    if "purpose" not in have:
+        conn.exec_driver_sql(f"ALTER TABLE runs ADD COLUMN purpose VARCHAR(16) NOT NULL "
+                             f"DEFAULT '{DEFAULT_PURPOSE}'")
+    if "options" not in have:
+        _add_column(conn, "runs", sa.Column("options", sa.JSON))
+    store = sqlite_file(conn.engine.url.render_as_string(hide_password=False))
+    runs_folder = store.parent if store is not None and store.parts[-2:] == DEFAULT_PATH.parts else None
+    for run_id, source in conn.execute(sa.select(runs.c.id, runs.c.source)).all():
+        options = options_of_file(source) if source else None
+        purpose = DEFAULT_PURPOSE
+        if options:
+            purpose = "experiment"
+        elif runs_folder is not None and source and not _inside(Path(source), runs_folder):
+            purpose = "ad-hoc"
+        conn.execute(runs.update().where(runs.c.id == run_id).values(purpose=purpose, options=options or {}))
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    try:
+        return path.resolve().is_relative_to(folder.resolve())
+    except OSError:
+        return False
+
+
 # Version -> the function that brings a store of that version to the next.
-MIGRATIONS: dict[int, Callable[[sa.Connection], None]] = {0: _migrate_0_to_1}
+MIGRATIONS: dict[int, Callable[[sa.Connection], None]] = {0: _migrate_0_to_1, 1: _migrate_1_to_2}
 
 
 def resolve_url(url: str | os.PathLike | None) -> str:
-    """A database URL: None for ``.perfsuite/history.sqlite`` under the
-    current directory, a file path for an SQLite file, or any SQLAlchemy URL
-    (``postgresql://user@host/db``; psycopg 3 serves it where psycopg2 is not
-    installed)."""
+    """A database URL: None for ``$PERFSUITE_HISTORY``, else
+    ``.perfsuite/history.sqlite`` under the current directory; a file path
+    for an SQLite file, or any SQLAlchemy URL
+    (``postgresql://user@host/db``; psycopg 3, perfsuite's postgres extra,
+    serves it where psycopg2 is not installed; with neither, HistoryError
+    names the extra)."""
     if url is None or str(url) == "":
-        url = DEFAULT_PATH
+        url = os.environ.get(HISTORY_ENV) or DEFAULT_PATH
     text = str(url)
     if "://" not in text:
         return f"sqlite:///{Path(text).expanduser().resolve()}"
-    if text.startswith(("postgresql://", "postgres://")):
-        try:
-            import psycopg2  # noqa: F401
-        except ImportError:
+    if text.startswith(("postgresql://", "postgres://", "postgresql+psycopg://")):
+        from perfsuite import extras
+
+        if text.startswith("postgresql+psycopg://") or not extras.installed("psycopg2"):
+            absent = extras.missing("postgres")
+            if absent:
+                raise HistoryError(f"history {shown_url(text)}: {extras.message('postgres', absent)}")
             text = "postgresql+psycopg://" + text.split("://", 1)[1]
     return text
 

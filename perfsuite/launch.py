@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from perfsuite import agent, diagnose, multinode, torchrun_options
+from perfsuite import agent, diagnose, extras, multinode, torchrun_options
 from perfsuite.cells import Cell
 from perfsuite.fsutil import atomic_write_json
 from perfsuite.results import aggregate, skipped_result
@@ -279,6 +279,13 @@ def run_cell(cell: Cell, out_dir: Path, opts: LaunchOptions | None = None) -> di
         shutil.rmtree(directory)  # other nodes may share a multi-node cell's directory
     directory.mkdir(parents=True, exist_ok=True)
     atomic_write_json(directory / "cell.json", cell.params())
+    unmet = extras.workload_problem(cell.workload)
+    if unmet:  # not launched: every rank would only raise this sentence, under torchrun's traceback
+        (directory / plan.log_name).write_text(unmet + "\n")
+        result = {**aggregate(cell, [], status="error", reason=unmet, duration_s=0.0),
+                  "output_tail": unmet + "\n", "dir": str(directory)}
+        atomic_write_json(directory / "result.json", result)
+        return result
     profiler, profiler_note = profiler_mode(cell, opts)
     if profiler != "off":  # `nsys profile --output profile/rank<N>` creates no folder
         (directory / "profile").mkdir(exist_ok=True)

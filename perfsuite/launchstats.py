@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from scipy import stats as _sps
 
+from perfsuite.options import DEFAULT_LAUNCH_STATISTIC
 from perfsuite.stats import (
     DEFAULT_CONFIDENCE,
     DEFAULT_TOLERANCE,
@@ -33,12 +34,11 @@ MIN_LAUNCHES = 4
 # What one launch contributes to a launch-level comparison. "floor", the
 # launch's fastest step, is for machines whose noise only ever adds time
 # (neighbours on a shared host): there the steps the neighbours left alone
-# show the code's own speed. On the 2-core VM, identical launches' floors
-# scattered 5.5 % (s.d. of logs) against 14.5 % for their medians.
+# show the code's own speed. The default, and why: perfsuite.options.
 LAUNCH_STATISTICS = {"median": np.median, "floor": np.min}
 
 
-def launch_values(launches: Sequence[Sequence[float]], statistic: str = "median") -> list[float]:
+def launch_values(launches: Sequence[Sequence[float]], statistic: str = DEFAULT_LAUNCH_STATISTIC) -> list[float]:
     """Each launch's median or floor (see ``LAUNCH_STATISTICS``)."""
     if statistic not in LAUNCH_STATISTICS:
         raise ValueError(f"launch statistic {statistic!r}: use one of {sorted(LAUNCH_STATISTICS)}")
@@ -113,7 +113,7 @@ def _few_launch_comparison(values_new: list[float], values_base: list[float],
 def compare_launches(launches_new: Sequence[Sequence[float]],
                      launches_base: Sequence[Sequence[float]],
                      tolerance: float = DEFAULT_TOLERANCE, confidence: float = DEFAULT_CONFIDENCE,
-                     *, higher_is_better: bool = False, statistic: str = "median",
+                     *, higher_is_better: bool = False, statistic: str = DEFAULT_LAUNCH_STATISTIC,
                      spread: LaunchSpread | None = None) -> Comparison:
     """Judge launches of a cell against launches of its baseline made at another time.
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from perfsuite import cells as cells_mod  # stdlib and tomllib only: pytest_addoption's choices
-from perfsuite import specs, usercells  # stdlib and pytest only
+from perfsuite import options, specs, usercells  # stdlib and pytest only
 
 if TYPE_CHECKING:  # the rest is imported in the functions that use it
     from perfsuite.runner import Runner
@@ -26,55 +26,46 @@ PREVIOUS_SIGTERM = pytest.StashKey[object]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("perfsuite", "perfsuite: measured experiment cells")
+    group = parser.getgroup("perfsuite", "perfsuite: measured experiment cells (each --perf-NAME option is "
+                                         "`perfsuite run --NAME`)")
     group.addoption("--perf-tier", default="smoke", choices=[*cells_mod.TIERS, "all"],
                     help="cells of this tier (default: smoke, the CPU tier)")
     group.addoption("--perf-cell", action="append", default=[], metavar="ID",
-                    help="run exactly this cell id (repeatable); see `perfsuite list`")
+                    help="run exactly this cell id (repeatable); see `perfsuite list` (default: the "
+                         "--perf-tier's cells)")
     group.addoption("--perf-out", default=None, metavar="DIR",
                     help="output directory for results.json and cell logs "
                          "(default: .perfsuite/run-<time>-<pid>)")
-    group.addoption("--perf-data-dir", default=None, metavar="DIR",
-                    help="directory with real datasets (MNIST IDX files, ...)")
-    group.addoption("--perf-timeout", type=float, default=None, metavar="S",
-                    help="override every cell's own timeout (seconds)")
-    group.addoption("--perf-profile", default=None, choices=["nsys", "torch", "off"],
-                    help="profile every cell with Nsight Systems (falls back to "
-                         "torch.profiler where nsys or a GPU is missing) or torch.profiler; "
-                         "default: only profile cells, nsys where possible")
+    options.add_launch_options(group.addoption, options.PYTEST_PREFIX)  # as perfsuite run, ab and bisect's
+    group.addoption("--perf-profile", action=options.OldName, dest="perf_profiler", new="--perf-profiler",
+                    choices=options.PROFILERS)
     group.addoption("--perf-baselines", default=None, metavar="DIR",
                     help="baselines root (default: $PERFSUITE_BASELINES or the project's baselines/)")
     group.addoption("--perf-no-probe", action="store_true",
                     help="skip the pre-flight probe of GPUs, host link and interconnect")
     group.addoption("--perf-repeats", type=int, default=1, metavar="N",
                     help="launch every cell N times; from 4 (here and in the baseline) the "
-                         "step-time verdict weighs the spread between launches")
+                         "step-time verdict weighs the spread between launches (default: %(default)s)")
     group.addoption("--perf-resume", action="store_true",
                     help="keep cells an earlier run into --perf-out measured fully")
     group.addoption("--perf-overwrite", action="store_true",
                     help="replace the run already in --perf-out (refused otherwise)")
     group.addoption("--perf-history", default=None, metavar="URL",
                     help="history store this run is added to (SQLite path or SQLAlchemy URL; "
-                         "default .perfsuite/history.sqlite; 'off' keeps none)")
+                         "default $PERFSUITE_HISTORY, else .perfsuite/history.sqlite; 'off' keeps none)")
+    group.addoption("--perf-history-purpose", default=None, choices=options.HISTORY_PURPOSES,
+                    help="mark the stored run so (default: experiment with --perf-option, ad-hoc with a "
+                         "--perf-out outside .perfsuite/ and no store named, else run); an injected fault "
+                         "is always an experiment")
+    group.addoption("--perf-commit", default=None, metavar="SHA",
+                    help="the commit the run is stored under in the history (default: git rev-parse HEAD "
+                         "here, else the run's env)")
+    group.addoption("--perf-branch", default=None, metavar="NAME",
+                    help="the branch it is stored under (default: the one checked out here, none outside git)")
     group.addoption("--perf-fail-on-skipped", action="store_true",
                     help="a comparison that could not be made (no comparable baseline, a "
                          "skipped cell) fails its test: for CI, where a green run must have "
                          "judged something")
-    group.addoption("--perf-allow-no-gpu", action="store_true",
-                    help="where torch sees no GPU, skip the GPU cells (gate, full) instead of "
-                         "refusing to start (the default: a GPU run that measured nothing "
-                         "must not pass)")
-    group.addoption("--perf-gpus", default=None, metavar="0,1",
-                    help="GPUs this session may use (CUDA_VISIBLE_DEVICES for its cells)")
-    group.addoption("--perf-nnodes", type=int, default=1, metavar="N",
-                    help="nodes a cell spans (torchrun c10d rendezvous; run on every node)")
-    group.addoption("--perf-rdzv-endpoint", default=None, metavar="HOST:PORT")
-    group.addoption("--perf-rdzv-id", default=None, metavar="JOB",
-                    help="rendezvous id, the same on every node, new for every job")
-    group.addoption("--perf-slurm", action="store_true",
-                    help="inside a SLURM allocation: nodes from the job, torchrun via srun")
-    group.addoption("--perf-option", action="append", default=[], metavar="KEY=VALUE",
-                    help="workload option, e.g. llm_checkpoint_dir=/models/llama3-8b")
     parser.addini("perf_experiments", type="paths", default=[],
                   help="perfsuite: experiment files (or folders of them) of one's own workloads, "
                        "added to the matrix (as $PERFSUITE_EXPERIMENTS)")
@@ -87,7 +78,7 @@ def _session_runner(config: pytest.Config) -> Runner:
     try:
         launch = launch_options(
             data_dir=get("--perf-data-dir"), options=get("--perf-option"),
-            timeout=get("--perf-timeout"), profiler=get("--perf-profile"), gpus=get("--perf-gpus"),
+            timeout=get("--perf-timeout"), profiler=get("--perf-profiler"), gpus=get("--perf-gpus"),
             nnodes=get("--perf-nnodes"), rdzv_endpoint=get("--perf-rdzv-endpoint"),
             rdzv_id=get("--perf-rdzv-id"), slurm=get("--perf-slurm"))
     except ValueError as err:
@@ -350,14 +341,29 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus):
             session.config.stash[REPORT_PATHS] = write_reports(runner.file.path.parent)
         except Exception as err:  # noqa: BLE001
             session.config.stash[REPORT_PATHS] = f"{type(err).__name__}: {err}"
+        asked = session.config.getoption("--perf-history-purpose")
+        if asked is not None:  # else the purpose already set on the session's runner, if any
+            runner.history_purpose = asked
         session.config.stash[HISTORY_LINE] = runner.add_to_history(
             session.config.getoption("--perf-history"),
-            interrupted=exitstatus == pytest.ExitCode.INTERRUPTED)
+            interrupted=exitstatus == pytest.ExitCode.INTERRUPTED,
+            commit=session.config.getoption("--perf-commit"), branch=session.config.getoption("--perf-branch"))
     yield
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
+# A wrapper, innermost: perfsuite's lines come after every other plugin's summary
+# (pytest-benchmark's wide table) and before pytest's short summary, so that a
+# run's last lines say where its results, report and history are; also when
+# another plugin's summary raises (--benchmark-compare-fail).
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config):
+    try:
+        return (yield)
+    finally:
+        _perfsuite_summary(terminalreporter, config)
+
+
+def _perfsuite_summary(terminalreporter, config: pytest.Config) -> None:
     session: Runner = config.stash.get(SESSION_KEY, None)
     if session is None or not session.results:
         return

@@ -163,7 +163,7 @@ def counter_entries(results: Mapping[str, Any] | list, date: str) -> list[dict[s
         env = cell.get("env") or run_env
         out.append({"cell": cell["id"],
                     "params": {k: norm(v) for k, v in params.items() if k in KEY_COLUMNS},
-                    "versions": counter_versions(env, str(params.get("device", "cpu"))),
+                    "versions": counter_versions(env, str(params.get("device", "cpu")), params.get("workload")),
                     "per_step": counted["per_step"], "unstable": counted.get("unstable", []),
                     "window_steps": counted.get("window_steps"), "ranks": counted.get("ranks"),
                     "source": f"recorded run {date}", "recorded_at": date,
@@ -218,7 +218,7 @@ def record_run(results: Mapping[str, Any] | list, profile_id: str | None = None,
         raise BaselineError(str(err)) from None
     except OSError as err:
         raise BaselineError(f"{folder}: cannot write the baseline ({err.strerror or err}); "
-                            "record into a folder you can write (--root DIR)") from None
+                            "record into a folder you can write (--baselines DIR)") from None
 
 
 def _plan(results: Mapping[str, Any] | list, profile_id: str, folder: Path, force: bool,

@@ -1,6 +1,6 @@
 """Cell results: rank records aggregated, and the run's results.json.
 
-Schema ``perfsuite.results/1`` (see README): a run object with its env and a
+Schema ``perfsuite.results/1`` (docs/reference/results.md): a run object with its env and a
 list of cells; each cell has id, params, status, reason, env, metrics (value,
 unit; step_time also samples and their summary) and checks. Its JSON Schema
 is ``SCHEMA_FILE``; ``load`` checks every file it reads against it.

@@ -16,8 +16,14 @@ from perfsuite.launch import LaunchOptions
 
 
 def default_out_dir(root: Path | str = ".") -> Path:
-    # Time and pid: two runs on one machine never share a directory.
-    return Path(root) / ".perfsuite" / f"run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    # Time and pid: two runs on one machine never share a directory; a second
+    # run of one process within the same second (pytest's own runs) gets -2.
+    base = Path(root) / ".perfsuite" / f"run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path
 
 
 def _interrupt_on_sigterm(signum, frame):
@@ -284,17 +290,25 @@ class Runner:
             self.file.add(result)
         return result
 
-    def add_to_history(self, url: str | None, interrupted: bool = False) -> str | None:
-        """Keep this run in the history at ``url`` (None: the default SQLite
-        file; "off": none); the line saying where, or why it was not kept."""
+    def add_to_history(self, url: str | None, interrupted: bool = False, *, commit: str | None = None,
+                       branch: str | None = None) -> str | None:
+        """Keep this run in the history at ``url`` (None: $PERFSUITE_HISTORY,
+        else the default SQLite file; "off": none), marked with its purpose
+        (``perfsuite.history.run_purpose``: its workload options, output folder,
+        and ``history_purpose`` when one was asked for); the line saying where
+        and how, or why it was not kept. ``commit``, ``branch``: what it is stored
+        under (default: git's here, the commit then the run's env)."""
         if url == "off" or not any(not r.get("partner") for r in self.results):
             return None
         if interrupted:
             return "history: not stored: the session was interrupted (a partial run)"
-        from perfsuite.history import HistoryError, record_run_in_history
+        from perfsuite.history import HistoryError, record_run_in_history, run_purpose, store_named
 
         try:
-            return record_run_in_history(self.file.path, url)
+            purpose = run_purpose(self.launch.options, out_dir=self.out_dir, store_named=store_named(url),
+                                  declared=getattr(self, "history_purpose", None))
+            return record_run_in_history(self.file.path, url, commit, branch, purpose=purpose,
+                                         options=self.launch.options)
         except HistoryError as err:
             return f"history: not stored: {err}"
         except Exception as err:  # noqa: BLE001 - a full disk, a database gone: the run stands

@@ -80,7 +80,7 @@ def profile_with_torch(result: dict[str, Any], cell: Any, opts: Any, profile_dir
     if opts.nodes.nnodes > 1:  # every node would have to relaunch together
         profiler["note"] = "; ".join(filter(None, [first_note, (
             f"nsys left only .qdstrm captures{kept}; a cell across nodes is not launched again for a "
-            "torch.profiler summary: `--perf-profile torch` (pytest) or `--profile torch` (perfsuite run) "
+            "torch.profiler summary: `--perf-profiler torch` (pytest) or `--profiler torch` (perfsuite run) "
             "profiles it")]))
         return
     short, options = profile_only(cell, dict(opts.options))

@@ -223,8 +223,8 @@ def _stats_command(reports: str) -> str:
 
 
 _NO_CUDA_HINT = ("where nsys itself found no CUDA data in the report (its SKIPPED note), profile the run "
-                 "again on a GPU: `nsys profile --trace=cuda,nvtx ...` (`perfsuite run --profile nsys`, "
-                 "pytest --perf-profile nsys), with the measured steps inside the capture range")
+                 "again on a GPU: `nsys profile --trace=cuda,nvtx ...` (`perfsuite run --profiler nsys`, "
+                 "pytest --perf-profiler nsys), with the measured steps inside the capture range")
 
 
 def _why_empty(path: Path, tables: list[NsysTable]) -> str:

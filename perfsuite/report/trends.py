@@ -4,7 +4,7 @@ over commits, the change points marked, each hardware profile its own series.
 Read from a history store (``perfsuite.history.History``): one figure per
 cell and metric, x the commits in the order they were first measured (short
 sha labels), y the commit's value (``Point.value``: the median of its runs,
-a step time's run the median of its launches' floors, or medians, when it
+a step time's run the median of its launches' medians, or floors, when it
 was launched more than once: ``History.series``) with the spread where the
 store has it as error bars (the range of those launch values, or of the
 runs, of that commit; else the run's samples' IQR around the value). A change point found by Apache Otava's
@@ -59,13 +59,16 @@ class Trend:
 # ----------------------------------------------------------------------------- reading the store
 
 def _matching(history: Any, cells: Sequence[str] | None, metric: str, since: str | None,
-              branch: str | None, statistic: str) -> dict[tuple[str, str, str], list]:
+              branch: str | None, statistic: str,
+              include: Sequence[str] = ()) -> dict[tuple[str, str, str], list]:
+    # runs only, as `history changes` takes them, unless other purposes are included
     if not cells:
-        return history.series(metric=metric, since=since, branch=branch, launch_statistic=statistic)
+        return history.series(metric=metric, since=since, branch=branch, launch_statistic=statistic,
+                              include=tuple(include))
     out: dict[tuple[str, str, str], list] = {}
     for pattern in cells:
         out.update(history.series(cell=pattern, metric=metric, since=since, branch=branch,
-                                  launch_statistic=statistic))
+                                  launch_statistic=statistic, include=tuple(include)))
     return dict(sorted(out.items()))
 
 
@@ -92,16 +95,23 @@ def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def launch_values_phrase(metric: str, statistic: str) -> str:
+    """What a repeated run takes of each launch, in the header's and the captions' words."""
+    from perfsuite.history_rows import launch_key  # as the series read the store
+
+    return "launch floors (fastest steps)" if launch_key(metric, statistic) == "floors" else "launch medians"
+
+
 def point_spread(point: Any, cell: str, stored: dict) -> tuple[float, float, str] | None:
-    """The error bar of one commit: the range of its launch medians (a run
+    """The error bar of one commit: the range of its launch values (a run
     launched more than once) and of its runs' values (a commit measured more
     than once), else the run's samples' IQR centred on the value, else None."""
     spread: list[float] = []
     launched = False
     for run_id, value in zip(point.run_ids, point.values):
-        medians = stored.get((run_id, cell), (None, []))[1]
-        if len(medians) >= 2:
-            spread += medians
+        launch_values = stored.get((run_id, cell), (None, []))[1]
+        if len(launch_values) >= 2:
+            spread += launch_values
             launched = True
         else:
             spread.append(value)
@@ -116,16 +126,18 @@ def point_spread(point: Any, cell: str, stored: dict) -> tuple[float, float, str
 def read_trends(history: Any, cells: Sequence[str] | None = None,
                 metrics: Iterable[str] = DEFAULT_METRICS, *, since: str | None = None,
                 branch: str | None = None, max_pvalue: float | None = None,
-                window: int | None = None, launch_statistic: str | None = None) -> list[Trend]:
+                window: int | None = None, launch_statistic: str | None = None,
+                include: Sequence[str] = ()) -> list[Trend]:
     """Every series of the given cells (ids or globs; None: all) and metrics,
-    with its change points and error bars."""
+    with its change points and error bars; of the runs stored as ``run``,
+    and of the purposes in ``include`` (``experiment``, ``ad-hoc``)."""
     from perfsuite.history_changes import DEFAULT_MAX_PVALUE, DEFAULT_WINDOW, find_changes
     from perfsuite.history_rows import DEFAULT_LAUNCH_STATISTIC
 
     statistic = launch_statistic or DEFAULT_LAUNCH_STATISTIC
     trends = []
     for metric in dict.fromkeys(metrics):
-        series = _matching(history, cells, metric, since, branch, statistic)
+        series = _matching(history, cells, metric, since, branch, statistic, include)
         stored = _stored_spread(history, metric, statistic) if series else {}
         for (cell, name, profile), points in series.items():
             changes = find_changes(points, cell=cell, metric=name, profile=profile,
@@ -296,12 +308,13 @@ def _change_row(change: Any, anchor: str) -> dict[str, Any]:
             "pvalue": f"{change.pvalue:.2g}", "counters": counters, "counters_note": counters_note}
 
 
-def _figure(cell: str, metric: str, trends: list[Trend]) -> dict[str, Any]:
+def _figure(cell: str, metric: str, trends: list[Trend], statistic: str) -> dict[str, Any]:
     spreads = {s[2] for t in trends for s in t.spreads if s}
-    bars = {"launches": "the range of the commit's launch medians (and runs)",
+    launch_values = launch_values_phrase(metric, statistic)
+    bars = {"launches": f"the range of the commit's {launch_values} (and runs)",
             "runs": "the range of the commit's runs", "iqr": "the run's step samples' IQR, centred"}
     caption = ("Each commit's value (the median of its runs; a run launched more than once: "
-               "the median of its launch medians)"
+               f"the median of its {launch_values})"
                + (f"; bars: {'; or '.join(bars[k] for k in bars if k in spreads)}" if spreads else "")
                + ". Dashed lines: change points (Apache Otava E-Divisive) at the first bad commit, "
                "with the ratio after / before and its interval; each hardware profile is its own "
@@ -323,6 +336,7 @@ def trends_context(trends: list[Trend], *, store: str, metrics: Sequence[str],
     """Plain values for templates/trends.html.j2."""
     from perfsuite.history_changes import regressed_at_head
 
+    statistic = settings["launch_statistic"]
     by_cell: dict[str, dict[str, list[Trend]]] = {}
     for t in trends:
         by_cell.setdefault(t.cell, {}).setdefault(t.metric, []).append(t)
@@ -337,7 +351,7 @@ def trends_context(trends: list[Trend], *, store: str, metrics: Sequence[str],
                        "latest": quantity(latest.value, latest.unit), "latest_sort": sort_key(latest.value),
                        "changes": len(t.changes), "at_head": regressed_at_head(t.changes)})
     sections = [{"id": cell, "anchor": anchors[cell],
-                 "figures": [_figure(cell, metric, group) for metric, group in per_metric.items()]}
+                 "figures": [_figure(cell, metric, group, statistic) for metric, group in per_metric.items()]}
                 for cell, per_metric in by_cell.items()]
     at_head = [s for s in series if s["at_head"]]
     if not trends:
@@ -351,6 +365,7 @@ def trends_context(trends: list[Trend], *, store: str, metrics: Sequence[str],
         headline, level = "No change point in any series", "ok"
     return {"store": store, "written": utc_time(time.time()), "metrics": list(metrics),
             "cells_filter": ", ".join(cells) if cells else "", "settings": settings,
+            "step_time_launch_values": launch_values_phrase("step_time", statistic),
             "headline": headline, "level": level, "changes": changes, "series": series,
             "sections": sections, "n_cells": len(by_cell), "profiles": sorted({t.profile for t in trends})}
 
@@ -384,8 +399,8 @@ def write_trends(url: str | os.PathLike | None, out_path: Path | str | None = No
     """Write the trends page of the history at ``url`` (None: the default
     store, which must exist) to ``out_path`` (None: ``default_out``): the
     given cells (ids or globs; None: all) and metrics. ``options``: since,
-    branch, max_pvalue, window, launch_statistic (as ``perfsuite history
-    changes`` has them).
+    branch, max_pvalue, window, launch_statistic, include (as ``perfsuite
+    history changes`` has them).
     Raises HistoryError when the store cannot be read, LookupError when
     ``cells`` match no series (nothing is written then)."""
     return write_trends_page(url, out_path, cells, metrics, **options)[0]
@@ -395,8 +410,8 @@ def write_trends_page(url: str | os.PathLike | None, out_path: Path | str | None
                       cells: Sequence[str] | str | None = None,
                       metrics: Sequence[str] | str = DEFAULT_METRICS, *, since: str | None = None,
                       branch: str | None = None, max_pvalue: float | None = None,
-                      window: int | None = None,
-                      launch_statistic: str | None = None) -> tuple[Path, list[Trend]]:
+                      window: int | None = None, launch_statistic: str | None = None,
+                      include: Sequence[str] = ()) -> tuple[Path, list[Trend]]:
     """``write_trends``, returning the series the page shows as well. Raises
     LookupError, writing nothing, when ``cells`` match no series."""
     from perfsuite.history import History
@@ -409,10 +424,11 @@ def write_trends_page(url: str | os.PathLike | None, out_path: Path | str | None
     out_path = Path(out_path) if out_path is not None else default_out(url)
     settings = {"max_pvalue": max_pvalue or DEFAULT_MAX_PVALUE, "window": window or DEFAULT_WINDOW,
                 "launch_statistic": launch_statistic or DEFAULT_LAUNCH_STATISTIC,
-                "since": since, "branch": branch}
+                "since": since, "branch": branch, "include": list(include)}
     with History(url, create=False) as history:
         trends = read_trends(history, cells, metrics, since=since, branch=branch,
-                             max_pvalue=max_pvalue, window=window, launch_statistic=launch_statistic)
+                             max_pvalue=max_pvalue, window=window, launch_statistic=launch_statistic,
+                             include=include)
         store = shown_url(history.url)
     if cells and not trends:  # a name that matches nothing must not overwrite a page quietly
         raise LookupError(f"no {', '.join(metrics)} history of {', '.join(cells)} "

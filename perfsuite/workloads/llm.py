@@ -45,7 +45,13 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-from perfsuite.workloads import (
+from perfsuite.extras import require
+
+# Without the llm extra the cell fails with the sentence that names it, not
+# with an ImportError from deep inside torchtune's imports.
+require("llm")
+
+from perfsuite.workloads import (  # noqa: E402
     llm_assets,
     llm_compat,
     llm_config,

@@ -47,11 +47,11 @@ def test_compare_of_one_launch_a_side_says_it_cannot_tell(tmp_path, capsys):
 def test_baseline_record_writes_then_refuses_another_profile(tmp_path, capsys):
     run = write_run(tmp_path / "run", 1.0)
     root = tmp_path / "baselines"
-    assert main(["baseline", "record", str(run), "--root", str(root)]) == 0
+    assert main(["baseline", "record", str(run), "--baselines", str(root)]) == 0
     (folder,) = [p for p in root.iterdir() if p.is_dir()]
     assert folder.name == "cpu-test-2c" and (folder / "metrics.csv").exists()
-    assert main(["baseline", "record", str(run), "--root", str(root),
-                 "--profile", "h100-sxm-94gb-x4-nvlink"]) == 2
+    assert main(["baseline", "record", str(run), "--baselines", str(root),
+                 "--hardware-profile", "h100-sxm-94gb-x4-nvlink"]) == 2
     assert "force" in capsys.readouterr().err.lower()
 
 
@@ -107,22 +107,19 @@ def test_compare_by_launch_floors(tmp_path, capsys):
 
 
 def test_baseline_record_sets_the_launch_statistic(tmp_path):
-    from perfsuite import cli, launchstats
-
     run = write_run(tmp_path / "run", 1.0)
     root = tmp_path / "baselines"
-    assert main(["baseline", "record", str(run), "--root", str(root),
+    assert main(["baseline", "record", str(run), "--baselines", str(root),
                  "--launch-statistic", "floor"]) == 0
     profile = json.loads((root / "cpu-test-2c" / "profile.json").read_text())
     assert profile["launch_statistic"] == "floor"
-    assert cli.LAUNCH_STATISTICS == tuple(launchstats.LAUNCH_STATISTICS)
 
 
 def test_detection_will_not_mix_new_trials_into_an_earlier_run(tmp_path, capsys):
     (tmp_path / "detection.json").write_text(json.dumps({"per_trial": [{"trial": 0}]}))
-    assert main(["detection", "--work-dir", str(tmp_path)]) == 2
+    assert main(["selftest", "verdict-detection", "--out", str(tmp_path)]) == 2
     assert "already holds 1 trial(s); pass --resume" in capsys.readouterr().err
-    assert main(["detection", "--work-dir", str(tmp_path), "--resume", "--steps", "30"]) == 2
+    assert main(["selftest", "verdict-detection", "--out", str(tmp_path), "--resume", "--steps", "30"]) == 2
     assert "steps: None there, 30 now" in capsys.readouterr().err
 
 
@@ -186,9 +183,9 @@ def test_list_into_a_pipe_already_closed_dies_of_sigpipe_quietly():
 
 def test_sigpipe_default_only_for_the_console_entry_and_commands_that_launch_nothing():
     """In-process callers (these tests) keep Python's SIGPIPE handling; so do
-    `run`, `ab` and `detection`, whose ranks run in sessions of their own and
-    are ended on the way out of a BrokenPipeError (SIGPIPE would kill the
-    parent alone and leave them running)."""
+    `run`, `ab` and `selftest verdict-detection` (also by its old name), whose
+    ranks run in sessions of their own and are ended on the way out of a
+    BrokenPipeError (SIGPIPE would kill the parent alone and leave them running)."""
     import signal
     import subprocess
     import sys
@@ -204,21 +201,24 @@ def test_sigpipe_default_only_for_the_console_entry_and_commands_that_launch_not
     probe = ("import signal, sys\n"
              "from perfsuite import cli, cli_ab, cli_results, cli_run, cli_selftest\n"
              "def seen(args):\n"
-             "    print(sys.argv[1], signal.getsignal(signal.SIGPIPE) == signal.SIG_DFL)\n"
+             "    print('-'.join(sys.argv[1:]), signal.getsignal(signal.SIGPIPE) == signal.SIG_DFL)\n"
              "    return 0\n"
              "for module, name in ((cli, '_cmd_list'), (cli_results, 'cmd_compare'), (cli_run, 'cmd_run'),\n"
-             "                     (cli_ab, 'cmd_ab'), (cli_selftest, 'cmd_detection')):\n"
+             "                     (cli_ab, 'cmd_ab'), (cli_selftest, 'cmd_verdict_detection'),\n"
+             "                     (cli_selftest, 'cmd_history_detection')):\n"
              "    setattr(module, name, seen)\n"
              "sys.exit(cli.main())\n")
     _, env, root = _perfsuite()
     said = {}
-    for command in (["list"], ["compare", "a", "b"], ["run", "x"], ["detection"]):
+    for command in (["list"], ["compare", "a", "b"], ["run", "x"], ["selftest", "verdict-detection"],
+                    ["detection"], ["selftest", "history-detection"]):
         done = subprocess.run([sys.executable, "-c", probe, *command], capture_output=True, text=True,
                               env=env, cwd=root, timeout=60)
         assert done.returncode == 0, done.stderr
         name, default = done.stdout.split()
         said[name] = default == "True"
-    assert said == {"list": True, "compare": True, "run": False, "detection": False}
+    assert said == {"list": True, "compare-a-b": True, "run-x": False, "selftest-verdict-detection": False,
+                    "detection": False, "selftest-history-detection": True}
 
 
 def test_version_from_the_installed_metadata(capsys):
@@ -303,7 +303,7 @@ def test_run_json_sends_progress_to_stderr_and_a_summary_to_stdout(tmp_path, cap
         def end(self):
             pass
 
-        def add_to_history(self, url):
+        def add_to_history(self, url, **stored_under):
             return None  # nothing stored, no line to print
 
     monkeypatch.setattr(perfsuite.runner, "Runner", FakeRunner)
@@ -324,3 +324,109 @@ def test_run_json_sends_progress_to_stderr_and_a_summary_to_stdout(tmp_path, cap
     assert main(["run", ids[0], "--no-probe"]) == 0  # without --json: as before, all on stdout
     captured = capsys.readouterr()
     assert "[1/1]" in captured.out and "step 3/14" in captured.out and not captured.out.startswith("{")
+
+
+def finished(run, started=1.0):
+    """write_run's run as the history takes it: finished."""
+    data = json.loads((run / "results.json").read_text())
+    data["run"] = {"started": started, "finished": started + 60, "argv": []}
+    (run / "results.json").write_text(json.dumps(data))
+    return run
+
+
+def test_old_names_still_work_and_say_once_which_name_replaces_them(tmp_path, capsys):
+    run = write_run(tmp_path / "run", 1.0)
+    root = tmp_path / "baselines"
+    assert main(["baseline", "record", str(run), "--root", str(tmp_path / "first"), "--root", str(root),
+                 "--profile", "cpu-test-2c"]) == 0
+    assert (root / "cpu-test-2c" / "metrics.csv").exists() and not (tmp_path / "first").exists()
+    err = capsys.readouterr().err
+    assert err.count("perfsuite: --root is now --baselines") == 1
+    assert err.count("perfsuite: --profile is now --hardware-profile") == 1
+    store = tmp_path / "history.sqlite"
+    assert main(["history", "add", str(finished(run)), "--url", str(store), "--commit", "abc",
+                 "--purpose", "experiment"]) == 0
+    captured = capsys.readouterr()
+    assert "as an experiment" in captured.out and store.exists()
+    assert "--url is now --history" in captured.err and "--purpose is now --history-purpose" in captured.err
+    (tmp_path / "detection.json").write_text(json.dumps({"per_trial": [{"trial": 0}]}))
+    assert main(["detection", "--work-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "perfsuite detection is now perfsuite selftest verdict-detection" in err
+    assert "--work-dir is now --out" in err and "already holds 1 trial(s)" in err
+
+
+def test_the_self_tests_live_under_selftest_and_print_json_alone(capsys, monkeypatch):
+    import perfsuite.overhead
+
+    monkeypatch.setattr(perfsuite.overhead, "measure_overhead",
+                        lambda **kw: {"ratio": 1.004, "overhead_percent": 0.4, **kw})
+    assert main(["selftest", "overhead", "--blocks", "2", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out) == {"ratio": 1.004, "overhead_percent": 0.4, "device": "cpu",
+                                        "image_size": 32, "batch_size": 16, "steps": 20, "blocks": 2}
+    assert main(["overhead", "--blocks", "2"]) == 0  # the old name: the figures, then in words
+    captured = capsys.readouterr()
+    assert captured.out.rstrip().endswith("(+0.40 %; goal <= +1 %)") and captured.out.startswith("{")
+    assert "perfsuite overhead is now perfsuite selftest overhead" in captured.err
+
+
+def test_json_on_the_commands_that_print_results(tmp_path, capsys):
+    run = finished(write_run(tmp_path / "run", 1.0))
+    assert main(["report", str(run), "--summary-md", "-", "--json"]) == 0
+    written = json.loads(capsys.readouterr().out)
+    assert written["report_html"] == str(run / "report.html") and CELL.id in written["summary_markdown"]
+
+    root = tmp_path / "baselines"
+    assert main(["baseline", "record", str(run), "--baselines", str(root), "--dry-run", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["written"] is False and plan["folder"] == str(root / "cpu-test-2c")
+    assert {c["id"] for c in plan["changes"]} >= {f"{CELL.id}:step_time"} and plan["unchanged"] == 0
+
+    store = str(tmp_path / "history.sqlite")
+    assert main(["history", "add", str(run), "--history", store, "--commit", "c0ffee", "--json"]) == 0
+    added = json.loads(capsys.readouterr().out)
+    assert added["commit"] == "c0ffee" and added["new"] and added["line"].startswith("history: stored run")
+    assert main(["history", "show", CELL.id, "--history", store, "--json"]) == 0
+    (series,) = json.loads(capsys.readouterr().out)["series"]
+    assert series["cell"] == CELL.id and [p["commit"] for p in series["points"]] == ["c0ffee"]
+    page = tmp_path / "trends.html"
+    assert main(["history", "report", "--history", store, "--out", str(page), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["trends"] == str(page) and page.exists() and captured.err == ""
+
+
+def test_run_stores_under_the_commit_and_branch_it_is_given_outside_git(tmp_path, capsys, monkeypatch):
+    """Outside a git checkout the history asks for --commit: run has it (and --branch)."""
+    from perfsuite import hardware
+    from tests.unit.conftest import FakeLaunches
+
+    installed = hardware.fingerprint()  # as from a wheel: the env names no commit of perfsuite's
+    monkeypatch.setattr(hardware, "fingerprint", lambda: {**installed, "commit": None})
+    monkeypatch.setattr("perfsuite.launch.run_cell", FakeLaunches())
+    monkeypatch.setattr("perfsuite.runner.handle_sigterm", lambda: None)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "none").mkdir()
+    store = str(tmp_path / "history.sqlite")
+    argv = ["run", "smoke/image/ddp-ds/c1/fp32/px32/nopin/nchw", "--no-probe", "--baselines", "none",
+            "--history", store]
+    assert main([*argv, "--out", "one"]) == 0
+    said = capsys.readouterr().out
+    assert "history: not stored: " in said and "no commit" in said and "pass --commit SHA" in said
+    assert main([*argv, "--out", "two", "--commit", "c0ffee", "--branch", "nightly", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["history"].startswith("history: stored run ") and "of commit c0ffee (nightly)" in summary["history"]
+
+
+def test_history_detection_prints_its_figures_as_json(tmp_path, capsys, monkeypatch):
+    from perfsuite import history_detection
+
+    monkeypatch.setattr(history_detection, "_this_profile", lambda: None)
+    folder = tmp_path / "baselines" / "cpu-x-2c"
+    folder.mkdir(parents=True)
+    (folder / "profile.json").write_text(json.dumps({"launch_spread": {"median": {"log_sd": 0.01, "dof": 5}}}))
+    assert main(["selftest", "history-detection", "--runs-dir", str(tmp_path / "nothing"), "--baselines",
+                 str(tmp_path / "baselines"), "--series", "2", "--launches", "1,2", "--json"]) == 0
+    said = json.loads(capsys.readouterr().out)
+    assert said["statistic"] == "median" and "launch_spread of launch medians" in said["noise"]
+    assert [f["launches"] for f in said["figures"]] == [1, 2] and all(f["series"] == 2 for f in said["figures"])

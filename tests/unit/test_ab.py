@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from perfsuite import ab, cli, cli_ab
+from perfsuite import ab, cells, cli, cli_ab, launchstats, options
 from perfsuite.launch import LaunchOptions
 from perfsuite.report.ab import ab_section_html
 from tests.unit.cellkit import tiny_image_cell
@@ -32,11 +32,12 @@ class FakeLaunches:
         self.rng = np.random.default_rng(seed)
         self.launch_sigma, self.stop_at, self.fail_at = launch_sigma, stop_at, fail_at
         self.ab_json = ab_json  # read at every launch: how many launches it held then
-        self.calls, self.launches_saved = [], []
+        self.calls, self.launches_saved, self.opts = [], [], []
 
     def __call__(self, cell, out_dir, opts=None):
         opts = opts or LaunchOptions()
         self.calls.append((cell.id, out_dir, opts.python, dict(opts.env)))
+        self.opts.append(opts)
         if self.ab_json is not None:
             saved = json.loads(self.ab_json.read_text()) if self.ab_json.exists() else {"cells": []}
             self.launches_saved.append(sum(len(c["launches"]) for c in saved["cells"]))
@@ -92,7 +93,8 @@ def test_launches_alternate_abba_each_into_its_own_directory(tmp_path, monkeypat
         ("A", 1), ("B", 1), ("B", 2), ("A", 2)]
     starts = [x["started"] for x in record["launches"]]
     assert starts == sorted(starts)
-    assert all(len(x["samples"]) == 20 and x["value"] == min(x["samples"])
+    statistic = launchstats.LAUNCH_STATISTICS[options.DEFAULT_LAUNCH_STATISTIC]
+    assert all(len(x["samples"]) == 20 and x["value"] == float(statistic(x["samples"]))
                for x in record["launches"])
 
 
@@ -301,3 +303,54 @@ def test_the_detection_benchmark_judges_ab_on_itself(tmp_path, monkeypatch):
     assert len(saved["trials"]) == 2 and saved["cell"].endswith("nopin/nchw")
     slowed = json.loads((tmp_path / "trial0" / "slow10" / "ab.json").read_text())
     assert slowed["settings"]["sides"]["B"]["workload_options"] == {"fault": "slow:*:0:0.1"}
+
+
+def test_ab_launches_with_every_launching_option_of_run(tmp_path, monkeypatch):
+    """Data dir, workload options, timeout, GPUs, nodes and profiler reach every
+    launch of both sides, under each side's own interpreter and environment."""
+    fake = fake_launches(monkeypatch)
+    monkeypatch.setattr("perfsuite.ab.check_interpreter", lambda side: None)
+    data = tmp_path / "mnist"
+    data.mkdir()
+    code = cli.main(["ab", SMOKE_CELL, "--max-launches", "4", "--out", str(tmp_path / "out"),
+                     "--data-dir", str(data), "--option", "llm_checkpoint_dir=/models/x", "--timeout", "90",
+                     "--gpus", "0,1", "--profiler", "off", "--b-env", "FAKE_SLOW=0"])
+    assert code in (ab.EXIT_OK, ab.EXIT_UNDECIDED) and len(fake.opts) == 8
+    for opts, (_, out_dir, _, env) in zip(fake.opts, fake.calls):
+        assert (opts.data_dir, opts.options, opts.timeout_s, opts.gpus, opts.profiler) == (
+            data, {"llm_checkpoint_dir": "/models/x"}, 90.0, [0, 1], "off")
+        assert env["PYTHONSAFEPATH"] == "1" and ("FAKE_SLOW" in env) == (out_dir.parent.name == "b")
+    settings = json.loads((tmp_path / "out" / "ab.json").read_text())["settings"]["launch"]
+    assert settings["data_dir"] == str(data) and settings["timeout_s"] == 90.0 and settings["gpus"] == [0, 1]
+
+
+def test_a_sides_workload_options_go_on_top_of_the_sessions():
+    side = ab.Side("B", sys.executable, {"X": "b"}, workload_options={"fault": "slow:*:0:0.1"})
+    session = LaunchOptions(options={"fault": "none", "count_steps": "0"}, env={"X": "a", "Y": "1"}, timeout_s=5)
+    opts = side.options(session)
+    assert opts.options == {"fault": "slow:*:0:0.1", "count_steps": "0"} and opts.env == {"X": "b", "Y": "1"}
+    assert opts.python == sys.executable and opts.timeout_s == 5
+    assert session.options == {"fault": "none", "count_steps": "0"}  # the session's own are left as they were
+
+
+def test_ab_refuses_gpu_cells_where_torch_sees_no_gpu_unless_allowed(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("perfsuite.hardware.why_no_gpu", lambda: "no CUDA device (played)")
+    gpu_cell = next(c.id for c in cells.select(tier="gate") if c.device == "cuda")
+    assert cli.main(["ab", gpu_cell, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "torch sees no GPU: no CUDA device (played)" in err and "--allow-no-gpu" in err
+    assert not (tmp_path / "ab.json").exists()
+
+
+def test_ab_json_prints_the_verdicts_on_stdout_and_the_rest_on_stderr(tmp_path, monkeypatch, capsys):
+    fake_launches(monkeypatch, launch_sigma=0.02)
+    monkeypatch.setattr("perfsuite.ab.check_interpreter", lambda side: None)
+    code = cli.main(["ab", SMOKE_CELL, "--b-env", "FAKE_SLOW=0.1", "--out", str(tmp_path), "--json"])
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
+    assert code == summary["exit"] == ab.EXIT_REGRESSED and summary["ab_json"] == str(tmp_path / "ab.json")
+    (cell,) = summary["cells"]
+    assert cell["id"] == SMOKE_CELL and cell["verdict"] == "regressed" and cell["ratio"] > 1
+    assert summary["settings"]["launch_statistic"] == options.DEFAULT_LAUNCH_STATISTIC
+    assert "samples" not in json.dumps(cell)
+    assert "round 2:" in captured.err and f"{SMOKE_CELL}  REGRESSED" in captured.err

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import perfsuite
-from perfsuite import bisect, cli
+from perfsuite import bisect, cli, options
 from perfsuite.launch import LaunchOptions
 from tests.unit.cellkit import tiny_image_cell
 
@@ -76,10 +76,11 @@ class FakeCounterLaunch:
     number of all-reduces a step does; broken.txt makes the launch fail."""
 
     def __init__(self):
-        self.commits = []
+        self.commits, self.opts = [], []
 
     def __call__(self, cell, out_dir, opts=None):
         opts = opts or LaunchOptions()
+        self.opts.append(opts)
         src = Path(opts.python).parents[2] / "src"
         head = _git(src, "rev-parse", "HEAD")
         self.commits.append(head)
@@ -100,11 +101,12 @@ class FakeABLaunch:
 
     def __init__(self):
         self.rng = np.random.default_rng(0)
-        self.calls = 0
+        self.calls, self.opts = 0, []
 
     def __call__(self, cell, out_dir, opts=None):
         self.calls += 1
         opts = opts or LaunchOptions()
+        self.opts.append(opts)
         level = 0.1 * (1 + float(_worktree_file(opts, "slow.txt"))) * math.exp(self.rng.normal(0, 0.01))
         if _worktree_file(opts, "broken.txt", "") == "yes":
             return {"id": cell.id, "status": "error", "reason": "rank 0 failed: broken", "metrics": {},
@@ -139,9 +141,13 @@ def test_counters_name_the_commit_with_one_more_allreduce_a_step(tmp_path, monke
     repo, commits = probe_repo(tmp_path, files)
     head = _git(repo, "rev-parse", "HEAD")
     code = cli.main(["bisect", SMOKE_CELL, "--good", commits[0], "--bad", "HEAD", "--counters",
-                     "--repo", str(repo), "--out", str(tmp_path / "out")])
-    out = capsys.readouterr().out
-    assert code == 0
+                     "--repo", str(repo), "--out", str(tmp_path / "out"), "--option", "count_steps=3",
+                     "--timeout", "90", "--json"])
+    captured = capsys.readouterr()
+    out, summary = captured.err, json.loads(captured.out)  # --json: the words go to stderr
+    assert code == 0 == summary["exit_code"] and summary["first_bad"]["commit"] == commits[11]
+    assert summary["bisect_json"] == str(tmp_path / "out" / "bisect.json")
+    assert all(opts.options == {"count_steps": "3"} and opts.timeout_s == 90.0 for opts in fake.opts)
     assert f"first bad commit: {commits[11]} commit 11\n" in out
     assert "    c10d allreduce per step 4 -> 5 (+16 B)" in out
     data = json.loads((tmp_path / "out" / "bisect.json").read_text())
@@ -161,8 +167,10 @@ def test_ab_names_the_slower_commit_with_its_ratio(tmp_path, monkeypatch):
     fake = FakeABLaunch()
     monkeypatch.setattr("perfsuite.ab.run_cell", fake)
     repo, commits = probe_repo(tmp_path, [{}] * 3 + [{"slow.txt": "0.2"}] * 3)
-    session, lines = bisection(repo, commits[0], commits[-1], tmp_path / "out", max_launches=4)
+    session, lines = bisection(repo, commits[0], commits[-1], tmp_path / "out", max_launches=4,
+                               launch=LaunchOptions(options={"count_steps": "0"}, timeout_s=60.0))
     assert session.run() == bisect.EXIT_FOUND
+    assert all(opts.options == {"count_steps": "0"} and opts.timeout_s == 60.0 for opts in fake.opts)
     data = json.loads((tmp_path / "out" / "bisect.json").read_text())
     first = data["first_bad"]
     assert first["commit"] == commits[3] and first["ratio"] == pytest.approx(1.2, rel=0.03)
@@ -283,3 +291,26 @@ def test_real_launches_find_the_extra_allreduce_in_16_commits_by_counters_alone(
                for j in data["judged"])
     untouched(repo, commits[-1])
 
+
+
+def test_bisect_launches_with_every_launching_option_of_run(tmp_path, monkeypatch):
+    seen = {}
+
+    class Bisection:  # records what the command hands a bisection
+        def __init__(self, cell, repo, good, bad, out, **settings):
+            seen.update(settings, cell=cell.id)
+            self.path, self.data = Path(out) / "bisect.json", {"outcome": "found"}
+
+        def run(self):
+            return bisect.EXIT_FOUND
+
+    monkeypatch.setattr("perfsuite.bisect.Bisection", Bisection)
+    monkeypatch.setattr("perfsuite.runner.handle_sigterm", lambda: None)
+    data = tmp_path / "mnist"
+    data.mkdir()
+    assert cli.main(["bisect", SMOKE_CELL, "--good", "a", "--bad", "b", "--data-dir", str(data), "--option",
+                     "k=v", "--timeout", "30", "--gpus", "1", "--profiler", "torch", "--out", str(tmp_path)]) == 0
+    launch = seen["launch"]
+    assert (launch.data_dir, launch.options, launch.timeout_s, launch.gpus, launch.profiler) == (
+        data, {"k": "v"}, 30.0, [1], "torch")
+    assert seen["cell"] == SMOKE_CELL and seen["statistic"] == options.DEFAULT_LAUNCH_STATISTIC

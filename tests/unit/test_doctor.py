@@ -325,7 +325,7 @@ def test_json_output(machine, capsys):
     assert code == 0 and data["ok"] is True and data["tier"] == "gate"
     assert data["blockers"] == 0 and data["warnings"] == 1
     assert [c["name"] for c in data["checks"]] == ["torch", "gpus", "driver", "nccl", "nsys", "shm",
-                                                   "disk", "mnist", "launch"]
+                                                   "disk", "mnist", "extras", "launch"]
     assert all(c["status"] in doctor.STATUSES for c in data["checks"])
 
 

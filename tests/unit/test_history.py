@@ -51,11 +51,14 @@ def cell_result(cell_id, step=0.1, *, status="ok", repeats=None, allreduce=2, en
 
 
 def write_run(root, name, *, started, step=0.1, finished=True, env=ENV, cells=CELLS, repeats=None,
-              allreduce=2, status="ok"):
+              allreduce=2, status="ok", options=None):
     results = [cell_result(c, step, repeats=repeats, allreduce=allreduce, env=env, status=status) for c in cells]
     for r in results:
         if r["repeats"] is None:
             del r["repeats"]
+        if options:  # as a launch passes workload options to its ranks
+            r["argv"] = ["python", "-m", "perfsuite.worker", *[a for k, v in options.items()
+                                                               for a in ("--option", f"{k}={v}")]]
     data = {"schema": "perfsuite.results/1", "env": env, "cells": results,
             "run": {"started": started, "finished": started + 60 if finished else None, "argv": []}}
     out = Path(root) / name
@@ -102,7 +105,7 @@ def test_a_run_is_kept_with_its_commit_profile_metrics_counters_and_verdicts(tmp
     assert step["iqr"] == pytest.approx(0.0004) and step["launches"]["medians"] == pytest.approx([0.098, 0.1, 0.101, 0.103])
     assert metric[(CELLS[0], "loss")]["value"] is None  # a null metric is kept as null
     assert history_rows.run_value(step["value"], step["launches"], statistic="median") == pytest.approx(0.1005)
-    assert history_rows.run_value(step["value"], step["launches"]) == pytest.approx(0.1005 * 0.97)  # floors
+    assert history_rows.run_value(step["value"], step["launches"], statistic="floor") == pytest.approx(0.1005 * 0.97)
 
 
 def test_the_same_run_added_twice_is_kept_once(tmp_path):
@@ -222,7 +225,7 @@ def test_a_version_0_store_is_migrated_and_a_newer_one_refused(tmp_path):
         assert old["branch"] is None and old["software"] == {"torch": "2.1.0"}
         [[point]] = store.series(cell="smoke/a", launch_statistic="median").values()
         assert (point.commit, point.value, point.profile) == ("old1", 0.25, "cpu-x-2c")
-        [[point]] = store.series(cell="smoke/a").values()
+        [[point]] = store.series(cell="smoke/a", launch_statistic="floor").values()
         assert point.value == 0.2  # one launch: its floor, the samples' minimum
         assert store.add_run(write_run(tmp_path, "new", started=40.0), commit="new1").new
     assert rows(path, history_schema.meta) == [{"key": "schema_version", "value": str(history_schema.SCHEMA_VERSION)}]
@@ -302,7 +305,7 @@ def test_show_merges_runs_of_one_commit_and_usage_errors_exit_2(tmp_path, capsys
     assert cli.main(["history", "show", CELLS[0], "--url", url, "--launch-statistic", "median"]) == 0
     out = capsys.readouterr().out  # the median of (0.1: one launch's median, 0.3015: of four launches)
     assert "samecommit1" in out and "0.20075 s" in out and "(2 runs)" in out and "      5  -" in out
-    assert cli.main(["history", "show", CELLS[0], "--url", url]) == 0  # floors: 0.0995, 0.3 * 1.005 * 0.97
+    assert cli.main(["history", "show", CELLS[0], "--url", url, "--launch-statistic", "floor"]) == 0  # 0.0995, 0.3 * 1.005 * 0.97
     assert "0.195978 s" in capsys.readouterr().out  # (0.0995 + 0.3 * 1.005 * 0.97) / 2 = 0.1959775
     with History(url) as store:  # a throughput keeps its value whatever a step time takes
         (points,) = store.series(cell=CELLS[0], metric="throughput").values()
@@ -324,6 +327,7 @@ def test_show_merges_runs_of_one_commit_and_usage_errors_exit_2(tmp_path, capsys
 
 def test_the_runners_hook_defaults_to_the_sqlite_file_under_perfsuite(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # not a git checkout: the commit comes from the run's env
+    monkeypatch.delenv("PERFSUITE_HISTORY", raising=False)  # the built-in default, as a user has it
     run = write_run(tmp_path, "run", started=5.0)
     line = record_run_in_history(run / "results.json", None, branch="ci")
     assert line.startswith("history: stored run ") and f"commit {'e' * 12} (ci)" in line
@@ -335,6 +339,217 @@ def test_the_runners_hook_defaults_to_the_sqlite_file_under_perfsuite(tmp_path, 
         history.DEFAULT_METRIC, history_changes.DEFAULT_MAX_PVALUE, history_changes.DEFAULT_WINDOW)
     assert (cli_history.LAUNCH_STATISTICS, cli_history.DEFAULT_LAUNCH_STATISTIC) == (
         history_rows.LAUNCH_STATISTICS, history_rows.DEFAULT_LAUNCH_STATISTIC)
+    run_parser = next(a for a in cli.build_parser()._actions if a.dest == "command").choices["run"]
+    assert tuple(next(a for a in run_parser._actions if a.dest == "history_purpose").choices) == (
+        cli_history.PURPOSES) == history_schema.PURPOSES
+
+
+# ------------------------------------------------------------------- purposes
+
+def purposes(url):
+    """Each stored run's purpose and options, by the name of its folder."""
+    def name(source):
+        return Path(source).parent.name if Path(source).name == "results.json" else Path(source).name
+
+    return {name(r["source"]): (r["purpose"], r["options"]) for r in rows(url, history_schema.runs)}
+
+
+def test_the_purpose_rule(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PERFSUITE_HISTORY", raising=False)
+    rule = history.run_purpose
+    assert rule({"fault": "slow:0:5:0.5"}, declared="run") == history.Purpose(
+        "experiment", "fault=slow:0:5:0.5", declared=True)  # a fault never measures the code as it is
+    assert rule({"count_steps": "0", "llm_model": "tiny"}) == history.Purpose(
+        "experiment", "count_steps=0, llm_model=tiny")
+    assert rule({"llm_checkpoint_dir": "/models/llama3-8b"}, declared="run").name == "run"
+    # the default store keeps the runs written beside it, under .perfsuite/
+    assert rule(out_dir=Path(".perfsuite") / "run-1", store_named=False).name == "run"
+    assert rule(out_dir=tmp_path / ".perfsuite" / "smoke", store_named=False).name == "run"
+    look = rule(out_dir=tmp_path / "one", store_named=False)
+    assert look.name == "ad-hoc" and f"its output folder {tmp_path / 'one'} is outside .perfsuite/" in look.why
+    assert rule(out_dir=tmp_path / "one", store_named=True).name == "run"  # a store named for it: meant
+    assert rule(out_dir=tmp_path / "one", store_named=False, declared="run").name == "run"
+    assert not history.store_named(None) and history.store_named("h.sqlite")
+    monkeypatch.setenv("PERFSUITE_HISTORY", str(tmp_path / "team.sqlite"))
+    assert history.store_named(None)
+    with pytest.raises(HistoryError, match="purpose 'nightly': expected one of run, experiment, ad-hoc"):
+        rule(declared="nightly")
+    assert history.parse_include(["experiment,ad-hoc", "experiment"]) == ("experiment", "ad-hoc")
+    assert history.parse_include("all") == ("experiment", "ad-hoc") and history.parse_include(None) == ()
+    with pytest.raises(ValueError, match="--include tried: expected experiment, ad-hoc or all"):
+        history.parse_include("tried")
+
+
+def test_a_run_is_stored_with_its_purpose_and_its_line_says_so(tmp_path):
+    url = url_of(tmp_path)
+    line = record_run_in_history(write_run(tmp_path, "fault", started=1.0, options={"fault": "slow:0:5:0.5"}),
+                                 url, commit="abc")
+    assert line.endswith(" as an experiment (fault=slow:0:5:0.5): `perfsuite history changes` leaves it "
+                         "out; --include experiment shows it")
+    line = record_run_in_history(write_run(tmp_path, "option", started=2.0, options={"count_steps": "0"}),
+                                 url, commit="abc")
+    assert " as an experiment (count_steps=0): " in line
+    line = record_run_in_history(write_run(tmp_path, "look", started=3.0), url, commit="abc",
+                                 purpose=history.run_purpose(out_dir=tmp_path / "look", store_named=False,
+                                                             cwd=tmp_path / "checkout"))
+    assert f" as ad-hoc (its output folder {tmp_path / 'look'} is outside .perfsuite/" in line
+    assert "--include ad-hoc shows it" in line
+    plain = record_run_in_history(write_run(tmp_path, "plain", started=4.0), url, commit="abc")
+    assert " as " not in plain and plain.endswith(f"in {history_schema.resolve_url(url)}")
+    assert purposes(url) == {"fault": ("experiment", {"fault": "slow:0:5:0.5"}),
+                             "option": ("experiment", {"count_steps": "0"}), "look": ("ad-hoc", {}),
+                             "plain": ("run", {})}
+
+
+def test_history_add_marks_a_run_and_marks_one_stored_before_anew(tmp_path, capsys):
+    url = url_of(tmp_path)
+    run = write_run(tmp_path, "one", started=1.0)
+    assert cli.main(["history", "add", str(run), "--url", url, "--commit", "abc", "--purpose", "ad-hoc"]) == 0
+    assert capsys.readouterr().out.strip().endswith(
+        " as ad-hoc: `perfsuite history changes` leaves it out; --include ad-hoc shows it")
+    assert cli.main(["history", "add", str(run), "--url", url]) == 0  # nothing asked: kept as it is
+    assert capsys.readouterr().out.strip().endswith(" as ad-hoc; kept once")
+    assert cli.main(["history", "add", str(run), "--url", url, "--purpose", "run"]) == 0  # meant after all
+    assert capsys.readouterr().out.strip().endswith("; kept once, now marked run (was ad-hoc)")
+    assert purposes(url) == {"one": ("run", {})}
+    tried = write_run(tmp_path, "tried", started=2.0, options={"fault": "hang:1:3"})
+    assert cli.main(["history", "add", str(tried), "--url", url, "--commit", "abc", "--purpose", "run"]) == 0
+    assert " as an experiment (fault=hang:1:3): " in capsys.readouterr().out
+    assert purposes(url)["tried"] == ("experiment", {"fault": "hang:1:3"})
+    with pytest.raises(SystemExit):
+        cli.main(["history", "add", str(run), "--url", url, "--purpose", "nightly"])
+
+
+def test_tried_runs_leave_a_commits_value_and_its_changes_alone_unless_included(tmp_path, capsys):
+    """Runs meant, then the same commits tried: a slow fault injected, a look
+    at one cell from elsewhere. What the history says of the code is the
+    runs' alone."""
+    url = url_of(tmp_path)
+    build_series(tmp_path, url, [0.1] * 12)
+    with History(url) as store:
+        for i in range(6, 12):
+            store.add_run(write_run(tmp_path / "tried", f"slow{i}", started=1000.0 * (i + 1) + 5, step=0.2,
+                                    cells=CELLS[:1], options={"fault": "slow:0:3:1.0"}), commit=sha(i))
+        store.add_run(write_run(tmp_path / "tried", "look", started=12_900.0, step=0.05, cells=CELLS[:1]),
+                      commit=sha(11), purpose="ad-hoc")
+        [points] = store.series(cell=CELLS[0]).values()
+        [tried] = store.series(cell=CELLS[0], include=("experiment", "ad-hoc")).values()
+        assert store.left_out(cell=CELLS[0]) == {"ad-hoc": 1, "experiment": 6}
+        assert store.left_out(cell=CELLS[0], include=("ad-hoc",)) == {"experiment": 6}
+        assert store.left_out(cell=CELLS[1]) == {}
+    assert [p.purposes for p in points] == [["run"]] * 12
+    assert points[11].value == pytest.approx(0.1 * 0.995, rel=0.02)  # the run's floor, nothing else
+    assert tried[11].purposes == ["run", "experiment", "ad-hoc"] and tried[6].value > 0.14
+
+    assert cli.main(["history", "changes", "--url", url]) == 0
+    out = capsys.readouterr().out
+    assert "0 change point(s) in 1 series" in out
+    assert out.strip().endswith("left out: 1 ad-hoc run(s), 6 experiment run(s) (--include ad-hoc,experiment "
+                                "takes them)")
+    assert cli.main(["history", "changes", "--url", url, "--include", "experiment"]) == 1  # the fault's step
+    assert "REGRESSED at head" in capsys.readouterr().out
+    assert cli.main(["history", "changes", "--url", url, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["left_out"] == {"ad-hoc": 1, "experiment": 6}
+
+    assert cli.main(["history", "show", CELLS[0], "--url", url]) == 0
+    out = capsys.readouterr().out
+    assert "[experiment" not in out and "(2 runs)" not in out and "left out: 1 ad-hoc run(s)" in out
+    assert cli.main(["history", "show", CELLS[0], "--url", url, "--include", "all"]) == 0
+    out = capsys.readouterr().out
+    assert f"{sha(11)[:12]}" in out and "(3 runs) [ad-hoc, experiment]" in out and "left out" not in out
+    assert cli.main(["history", "show", CELLS[0], "--url", url, "--include", "tried"]) == 2
+    assert "--include tried: expected" in capsys.readouterr().err
+
+    only_tried = tmp_path / "only-tried.sqlite"
+    with History(only_tried) as store:
+        store.add_run(write_run(tmp_path / "tried", "x", started=1.0, cells=CELLS[:1],
+                                options={"fault": "slow:0:3:1.0"}), commit=sha(0))
+    assert cli.main(["history", "show", CELLS[0], "--url", str(only_tried)]) == 2  # says where its runs are
+    assert "left out: 1 experiment run(s) (--include experiment takes them)" in capsys.readouterr().err
+
+
+def test_PERFSUITE_HISTORY_is_the_store_used_when_none_is_named(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PERFSUITE_HISTORY", str(tmp_path / "team.sqlite"))
+    assert history_schema.resolve_url(None) == f"sqlite:///{tmp_path / 'team.sqlite'}"
+    assert cli.main(["history", "add", str(write_run(tmp_path, "one", started=1.0))]) == 0
+    assert f"in sqlite:///{tmp_path / 'team.sqlite'}" in capsys.readouterr().out
+    assert cli.main(["history", "show", CELLS[0]]) == 0
+    assert not (tmp_path / ".perfsuite").exists()
+
+
+def test_a_session_is_stored_with_the_purpose_its_options_and_output_folder_give(tmp_path, fake, monkeypatch,
+                                                                                capsys):
+    """``perfsuite run`` and the pytest plugin add a session through
+    ``Runner.add_to_history``; its launches here are conftest's fake ones."""
+    from perfsuite.launch import LaunchOptions
+    from perfsuite.runner import Runner
+    from tests.unit.cellkit import tiny_image_cell
+
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    _git(checkout, "init", "-q", "-b", "main")
+    _git(checkout, "commit", "-q", "--allow-empty", "-m", "one")
+    monkeypatch.chdir(checkout)
+    monkeypatch.delenv("PERFSUITE_HISTORY", raising=False)  # the built-in default store, as a user has it
+    (tmp_path / "none").mkdir()
+
+    def stored(out, url=None, purpose=None, **options):
+        runner = Runner(out, LaunchOptions(options=options), probe=False, baselines=tmp_path / "none")
+        runner.history_purpose = purpose
+        runner.result(tiny_image_cell(world_size=1))
+        try:
+            return runner.add_to_history(url)
+        finally:
+            runner.end()
+
+    default = checkout / ".perfsuite" / "history.sqlite"
+    assert stored(Path(".perfsuite") / "nightly").endswith(f"in sqlite:///{default}")  # a run: said as before
+    assert stored(Path(".perfsuite") / "tried", fault="slow:0:5:0.5").endswith(
+        f"in sqlite:///{default} as an experiment (fault=slow:0:5:0.5): `perfsuite history changes` leaves "
+        "it out; --include experiment shows it")
+    assert " as an experiment (count_steps=0): " in stored(Path(".perfsuite") / "counted", count_steps="0")
+    assert f" as ad-hoc (its output folder {tmp_path / 'one'} is outside .perfsuite/" in stored(tmp_path / "one")
+    assert " as " not in stored(tmp_path / "meant", purpose="run")
+    team = tmp_path / "team.sqlite"
+    assert stored(tmp_path / "two", url=str(team)).endswith(f"in sqlite:///{team}")  # its store named: meant
+    assert {name: purpose for name, (purpose, _) in purposes(default).items()} == {
+        "nightly": "run", "tried": "experiment", "counted": "experiment", "one": "ad-hoc", "meant": "run"}
+    assert cli.main(["history", "changes"]) == 0
+    assert "left out: 1 ad-hoc run(s), 2 experiment run(s)" in capsys.readouterr().out
+
+
+def v1_layout(path):
+    """Bring a store back to layout version 1: runs without purpose and options."""
+    with sqlite3.connect(path) as conn:
+        conn.execute("ALTER TABLE runs DROP COLUMN purpose")
+        conn.execute("ALTER TABLE runs DROP COLUMN options")
+        conn.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    conn.close()
+
+
+def test_a_version_1_store_marks_its_runs_by_the_rule_when_migrated(tmp_path):
+    checkout = tmp_path / "checkout"
+    runs = {"nightly": write_run(checkout / ".perfsuite", "nightly", started=1.0),
+            "one": write_run(tmp_path, "one", started=2.0),  # perfsuite run CELL --out elsewhere
+            "tried": write_run(checkout / ".perfsuite", "tried", started=3.0, options={"fault": "slow:0:5:0.5"}),
+            "gone": write_run(checkout / ".perfsuite", "gone", started=4.0, options={"fault": "slow:0:5:0.5"})}
+    default, team = checkout / ".perfsuite" / "history.sqlite", tmp_path / "team.sqlite"
+    for store in (default, team):
+        with History(store) as history:
+            for run in runs.values():
+                history.add_run(run, commit="abc")
+        v1_layout(store)
+    shutil.rmtree(runs["gone"])  # its results.json is gone: nothing tells it was tried
+    with History(default) as history:
+        assert history.version == history_schema.SCHEMA_VERSION == 2
+    assert purposes(default) == {"nightly": ("run", {}), "one": ("ad-hoc", {}),
+                                 "tried": ("experiment", {"fault": "slow:0:5:0.5"}), "gone": ("run", {})}
+    with History(team) as history:  # not perfsuite's default store: no folder tells a look from a run
+        assert history.version == 2
+    assert {name: purpose for name, (purpose, _) in purposes(team).items()} == {
+        "nightly": "run", "one": "run", "tried": "experiment", "gone": "run"}
 
 
 def ab_json(path, sessions=2, launches=12, seed=3):
@@ -405,6 +620,36 @@ def test_detection_takes_repeated_launches_of_runs_before_ab_sessions(tmp_path):
     assert 0.015 < noise.session_sd() < 0.05  # the shifts given, seen through 6 launches each
     assert abs(float(np.std(noise.within(), ddof=1)) - 0.01) < 0.005
 
+def test_detection_leaves_out_runs_tried_or_stored_for_another_purpose(tmp_path, capsys):
+    rng = np.random.default_rng(9)
+
+    def night(name, shift, **kw):
+        medians = list(0.1 * np.exp(shift + rng.normal(0, 0.01, 6)))
+        path = write_run(tmp_path / "runs", name, started=float(len(name)) + shift, cells=CELLS[:1], **kw)
+        data = json.loads((path / "results.json").read_text())
+        data["cells"][0]["metrics"]["step_time"].update(launch_medians=medians,
+                                                        launch_floors=[m * 0.9 for m in medians])
+        (path / "results.json").write_text(json.dumps(data))
+        return path
+
+    for k, shift in enumerate((0.0, 0.02, -0.01)):
+        night(f"night{k}", shift)
+    night("slow", 0.5, options={"fault": "slow:0:3:1.0"})
+    look = night("look", 0.3)
+    store = url_of(tmp_path)
+    with History(store) as stored:
+        stored.add_run(look, commit="abc", purpose="ad-hoc")
+    noise = history_detection.load_noise(tmp_path / "runs", tmp_path / "none", url=store)
+    assert noise.values.size == 18 and "1 ad-hoc run(s) left out; 1 experiment run(s) left out" in noise.source
+    everything = history_detection.load_noise(tmp_path / "runs", tmp_path / "none", url=store,
+                                              include=("experiment", "ad-hoc"))
+    assert everything.values.size == 30 and "left out" not in everything.source
+    assert cli.main(["history", "detection", "--series", "2", "--launches", "2", "--runs-dir", str(tmp_path / "runs"),
+                     "--baselines", str(tmp_path / "none"), "--url", store, "--include", "experiment"]) == 0
+    out = capsys.readouterr().out
+    assert "24 launches of" in out and "1 ad-hoc run(s) left out" in out and "experiment run(s)" not in out
+
+
 # ------------------------------------------------------------------- PostgreSQL
 
 def _free_port():
@@ -460,3 +705,23 @@ def test_postgresql_store(tmp_path, postgres_url, capsys):
     assert [p.commit for p in points] == [f"c{i:03d}" for i in range(16)]
     assert cli.main(["history", "changes", "--url", postgres_url]) == 1
     assert "first bad c010" in capsys.readouterr().out
+
+
+def test_a_version_1_postgresql_store_is_migrated(tmp_path, postgres_url):
+    admin = sa.create_engine(history_schema.resolve_url(postgres_url), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql("CREATE DATABASE layout_v1")
+    admin.dispose()
+    url = postgres_url.replace("/postgres?", "/layout_v1?")
+    with History(url) as store:
+        store.add_run(write_run(tmp_path, "tried", started=1.0, options={"fault": "slow:0:5:0.5"}), commit="abc")
+        store.add_run(write_run(tmp_path, "plain", started=2.0), commit="abc")
+    engine = sa.create_engine(history_schema.resolve_url(url))
+    with engine.begin() as conn:  # back to version 1: runs without purpose and options
+        conn.exec_driver_sql("ALTER TABLE runs DROP COLUMN purpose")
+        conn.exec_driver_sql("ALTER TABLE runs DROP COLUMN options")
+        conn.exec_driver_sql("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    engine.dispose()
+    with History(url, create=False) as store:
+        assert store.version == history_schema.SCHEMA_VERSION
+    assert purposes(url) == {"tried": ("experiment", {"fault": "slow:0:5:0.5"}), "plain": ("run", {})}

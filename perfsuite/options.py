@@ -1,0 +1,114 @@
+"""The option vocabulary the ``perfsuite`` command and the pytest plugin share.
+
+One name per concept. A ``perfsuite`` option ``--NAME`` is pytest's
+``--perf-NAME`` (``--history`` / ``--perf-history``, ``--baselines`` /
+``--perf-baselines``, ``--profiler`` / ``--perf-profiler``). The options that
+launch cells are one group (``add_launch_options``), given to ``perfsuite
+run``, ``ab`` and ``bisect`` and, prefixed, to pytest. An old name stays for
+one release (``OldName``): it does what the new name does and says once, on
+stderr, which name replaces it. And a default that several commands would
+otherwise each state: the launch statistic.
+
+Standard library only: every command and pytest's option parsing import it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import Any
+
+PYTEST_PREFIX = "--perf-"
+
+# What one launch contributes to a step-time verdict between launches: by
+# default (compare, ab, bisect, history, the self-tests), and for a baseline
+# folder whose profile.json names none (one that names it is judged so).
+# The median, the launch's typical step, means the same on every machine and
+# cell. The floor (its fastest step) pays only where noise only ever adds
+# time: on the shared 2-core VM identical launches' floors scattered 5.5 %
+# against 14.5 % for their medians within a session (14.6 % against 15.2 %
+# over five sessions), and that machine's baseline folders ask for floors.
+# Where launches are quiet it buys nothing (an H100's launch medians
+# scattered 0.08 %), and it follows whichever step is cheapest rather than
+# the code: on that H100 the floors were each epoch's partial last batch
+# until partial batches left the samples, and an LLM cell's floor is the
+# step of its shortest sequences.
+DEFAULT_LAUNCH_STATISTIC = "median"
+LAUNCH_STATISTICS = ("median", "floor")  # perfsuite.launchstats.LAUNCH_STATISTICS (a test checks)
+LAUNCH_STATISTIC_HELP = ("what each launch contributes to a step-time verdict: its median step, or its floor "
+                         "(fastest step), for a shared machine whose neighbours only ever add time")
+
+PROFILERS = ("nsys", "torch", "off")
+HISTORY_PURPOSES = ("run", "experiment", "ad-hoc")  # perfsuite.history_schema.PURPOSES (a test checks)
+
+_said: set[str] = set()
+
+
+def say_renamed(old: str, new: str) -> None:
+    """Tell, once per command (``forget_said``), that ``old`` is now ``new``."""
+    if old in _said:
+        return
+    _said.add(old)
+    print(f"perfsuite: {old} is now {new}; the old name goes after this release", file=sys.stderr, flush=True)
+
+
+def forget_said() -> None:
+    _said.clear()
+
+
+class OldName(argparse.Action):
+    """The old name of an option that takes one value, kept for one release:
+    it stores into the new option's dest and names the new option on stderr.
+    Hidden from --help; ``new`` is the option that replaces it."""
+
+    def __init__(self, option_strings: list[str], dest: str, *, new: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS,
+                         type=kwargs.get("type"), choices=kwargs.get("choices"), metavar=kwargs.get("metavar"))
+        self.new = new
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        say_renamed(option_string or self.option_strings[0], self.new)
+        setattr(namespace, self.dest, values)
+
+
+def add_old_name(parser: Any, old: str, new: argparse.Action) -> None:
+    """``old`` as an alias of the argparse option ``new`` (one that takes a value)."""
+    parser.add_argument(old, action=OldName, dest=new.dest, new=new.option_strings[0], type=new.type,
+                        choices=new.choices, metavar=new.metavar)
+
+
+def add_launch_options(add: Callable[..., Any], prefix: str = "--") -> dict[str, Any]:
+    """The options that launch cells, through ``add`` (an argparse group's
+    ``add_argument``, or pytest's ``addoption`` with ``prefix`` ``--perf-``);
+    what ``add`` returned, by dest without the prefix."""
+    def option(name: str, **kwargs: Any) -> None:
+        added[name.replace("-", "_")] = add(f"{prefix}{name}", **kwargs)
+
+    added: dict[str, Any] = {}
+    option("data-dir", default=None, metavar="DIR",
+           help="directory with real datasets, MNIST's IDX files for the full tier (default: none, the "
+                "generated and bundled data)")
+    option("option", action="append", default=[], metavar="KEY=VALUE",
+           help="workload option, repeatable, e.g. llm_checkpoint_dir=/models/llama3-8b (default: none)")
+    option("timeout", type=float, default=None, metavar="S",
+           help="override every cell's own timeout, in seconds (default: each cell's own)")
+    option("profiler", default=None, choices=PROFILERS,
+           help="profile every cell with Nsight Systems (torch.profiler where nsys or a GPU is missing), "
+                "with torch.profiler, or none (default: only the profile cells, nsys where it works)")
+    option("gpus", default=None, metavar="0,1",
+           help="the GPUs this session may use, CUDA_VISIBLE_DEVICES for its cells (default: all)")
+    option("allow-no-gpu", action="store_true",
+           help="where torch sees no GPU, skip the GPU cells instead of refusing to start (a GPU run "
+                "that measured nothing must not pass)")
+    option("nnodes", type=int, default=1, metavar="N",
+           help=f"nodes a cell spans, torchrun's c10d rendezvous: the same command on every node "
+                f"(default: %(default)s; {prefix}slurm takes it from the job)")
+    option("rdzv-endpoint", default=None, metavar="HOST:PORT",
+           help=f"with {prefix}nnodes: the rendezvous host and port, the same on every node (default: none)")
+    option("rdzv-id", default=None, metavar="JOB",
+           help="rendezvous id, the same on every node, new for every job (default: none)")
+    option("slurm", action="store_true",
+           help="inside a SLURM allocation: nodes from the job, torchrun started through srun")
+    return added

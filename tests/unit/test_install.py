@@ -1,0 +1,321 @@
+"""The GPU runner's path, run here: the example workflow's Install step and
+tox's gpu environment install perfsuite with .ci/install into a venv of their
+own, without the test extra, and collect the gate tier there
+(``pytest tests/perf --perf-tier gate --collect-only``, which needs no GPU).
+
+A root conftest that imported hypothesis (the test extra) once made every
+such run stop at pytest's exit 4 before its first cell; the suite's own venv
+has hypothesis, so only a venv without it shows that.
+
+The fresh venvs are faithful and take seconds, not a 5 GB torch download:
+the venv is made by the step's own ``python3 -m venv`` (tox's by tox), and a
+``.pth`` file adds a folder of links to the packages this venv already has,
+only those that perfsuite's requirements in pyproject.toml (and the extras
+the command names) reach, at the versions CI tested (constraints.txt). pip
+then resolves the command's requirements against them as it would against
+packages a runner installed earlier: it installs perfsuite itself, and
+whatever the links do not cover it downloads. The test extra's packages
+(hypothesis, pytest-xdist, scikit-learn, ...) are not among the links.
+"""
+
+from __future__ import annotations
+
+import configparser
+import importlib.metadata as md
+import os
+import re
+import subprocess
+import sys
+import sysconfig
+from functools import cache
+from pathlib import Path
+
+import pytest
+import tomllib
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from perfsuite import cells
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKFLOW = ROOT / ".github" / "workflows" / "perfsuite-gpu.yml"
+INSTALL = ROOT / ".ci" / "install"
+SITE = Path(sysconfig.get_paths()["purelib"])
+TEST_ONLY = ("hypothesis", "xdist", "sklearn")  # modules of the test extra the runner must do without
+
+
+# ----------------------------------------------------------------- the links
+def _pyproject_requirements(extras: set[str]) -> list[Requirement]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    found, todo, done = [], set(extras), set()
+    reqs = [Requirement(r) for r in project["dependencies"]]
+    while todo:
+        extra = todo.pop()
+        done.add(extra)
+        for text in project.get("optional-dependencies", {}).get(extra, []):
+            req = Requirement(text)
+            if canonicalize_name(req.name) == "perfsuite":  # "perfsuite[llm,postgres]"
+                todo |= set(req.extras) - done
+            else:
+                reqs.append(req)
+    for req in reqs:
+        if req.marker is None or req.marker.evaluate({"extra": ""}):
+            found.append(req)
+    return found
+
+
+def reached(extras: set[str]) -> dict[str, md.Distribution]:
+    """The installed distributions perfsuite's requirements (with these
+    extras) reach, as pip would resolve them: name -> distribution."""
+    installed = {canonicalize_name(d.metadata["Name"]): d for d in md.distributions(path=[str(SITE)])}
+    reach: dict[str, set[str]] = {}
+    todo = [(canonicalize_name(r.name), set(r.extras)) for r in _pyproject_requirements(extras)]
+    while todo:
+        name, wanted = todo.pop()
+        if name not in installed or (name in reach and wanted <= reach[name]):
+            continue  # not here (pip downloads it), or seen with these extras
+        reach[name] = reach.get(name, set()) | wanted
+        for text in installed[name].requires or []:
+            req = Requirement(text)
+            if req.marker is None or any(req.marker.evaluate({"extra": e}) for e in reach[name] | {""}):
+                todo.append((canonicalize_name(req.name), set(req.extras)))
+    reach.pop("pip", None)  # every venv has its own
+    return {name: installed[name] for name in reach}
+
+
+def top_level(dist: md.Distribution) -> set[str]:
+    """The entries of site-packages a distribution installed (its packages,
+    modules, .dist-info and .pth files)."""
+    names = set()
+    for file in dist.files or []:
+        first = Path(file).parts[0]
+        if first not in ("..", "__pycache__") and not Path(file).is_absolute():
+            names.add(first)
+    return names
+
+
+@cache
+def links(extras: frozenset[str], where: Path) -> Path:
+    """A folder of links to the site-packages entries of ``reached(extras)``."""
+    folder = where / ("links-" + "-".join(sorted(extras)) if extras else "links")
+    folder.mkdir(parents=True)
+    for dist in reached(set(extras)).values():
+        for name in top_level(dist):
+            if (SITE / name).exists() and not (folder / name).exists():
+                (folder / name).symlink_to(SITE / name)
+    return folder
+
+
+def add_links(venv: Path, folder: Path) -> None:
+    """The venv sees the links as installed packages. addsitedir, not a bare
+    path: their own .pth files are processed, as in site-packages."""
+    site = venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    assert site.is_dir(), site
+    (site / "perfsuite_test_links.pth").write_text(f"import site; site.addsitedir({str(folder)!r})\n")
+
+
+@pytest.fixture(scope="module")
+def linked(tmp_path_factory):
+    """links() for the runner's extras, once per module."""
+    where = tmp_path_factory.mktemp("links")
+    return lambda extras: links(frozenset(extras), where)
+
+
+def test_the_links_hold_the_runners_packages_and_not_the_test_extras():
+    runner = reached({"llm"})
+    assert {"torch", "torchvision", "pytest", "pytest-benchmark"} <= set(runner)
+    assert not {"hypothesis", "pytest-xdist", "scikit-learn", "perfsuite"} & set(runner)
+    assert {"hypothesis", "pytest-xdist"} <= set(reached({"test"}))  # the test extra does reach them
+
+
+# ------------------------------------------------------------ commands here
+def clean_env(home: Path, **extra: str) -> dict[str, str]:
+    """The environment of a runner's job: no CI venv on PATH, no PYTHON* of
+    ours; pip's own settings and cache kept (a runner has its own)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PYTHON", "VIRTUAL_ENV", "PYTEST", "PERFSUITE", "HYPOTHESIS", "COV_"))}
+    venv_bin = str(Path(sys.executable).parent)
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p != venv_bin)
+    env.setdefault("PIP_CACHE_DIR", str(Path.home() / ".cache" / "pip"))
+    env.update(HOME=str(home), PIP_DISABLE_PIP_VERSION_CHECK="1", **extra)
+    return env
+
+
+def python3_that_adds(folder: Path, where: Path) -> Path:
+    """A bin folder whose python3 is this interpreter (its venvs are made from
+    the base Python, as a runner's are) and gives each venv it makes the links."""
+    bin_dir = where / "bin"
+    bin_dir.mkdir(parents=True)
+    pth = f"import site; site.addsitedir({str(folder)!r})"
+    site = f"lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
+    shim = bin_dir / "python3"
+    shim.write_text(f"""#!/bin/sh
+"{sys.executable}" "$@" || exit $?
+if [ "$1" = -m ] && [ "$2" = venv ]; then
+  for venv; do :; done
+  echo "{pth}" > "$venv/{site}/perfsuite_test_links.pth"
+fi
+""")
+    shim.chmod(0o755)
+    return bin_dir
+
+
+def workflow() -> dict:
+    yaml = pytest.importorskip("yaml")
+    return yaml.safe_load(WORKFLOW.read_text())
+
+
+def step(job: str, name: str) -> dict:
+    return next(s for s in workflow()["jobs"][job]["steps"] if s.get("name") == name)
+
+
+def run_step(script: str, env: dict[str, str], timeout: int = 900) -> subprocess.CompletedProcess:
+    """As a runner runs a `run:` with `shell: bash`."""
+    return subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def import_check(python: Path) -> subprocess.CompletedProcess:
+    code = ("import importlib.util as u, importlib.metadata as m; "
+            f"print('MISSING', [n for n in {TEST_ONLY!r} if u.find_spec(n)], m.version('torch'))")
+    return subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+def collected_every_gate_cell(output: str) -> None:
+    missing = [c.id for c in cells.select(tier="gate") if f"[{c.id}]" not in output]
+    assert not missing, f"{len(missing)} gate cells not collected, e.g. {missing[:3]}\n{output[-3000:]}"
+
+
+# --------------------------------------------------------------- the runner
+@pytest.mark.slow
+def test_the_workflows_install_and_gate_collect_in_a_fresh_venv(tmp_path, linked):
+    """The gate job's Install and Gate tier steps, as written in the workflow
+    (the gate step with --collect-only added), on a runner whose venv has
+    what .ci/install put there and nothing else."""
+    github_env = tmp_path / "github_env"
+    github_env.touch()
+    home = tmp_path / "home"
+    home.mkdir()
+    extras = set(re.search(r'bash \.ci/install "\$VENV"\s*(\S*)', step("gate", "Install")["run"]).group(1).split(","))
+    shim = python3_that_adds(linked(extras - {""}), tmp_path)
+    env = clean_env(home, GITHUB_ENV=str(github_env), RUNNER_TEMP=str(tmp_path))
+    env["PATH"] = f"{shim}{os.pathsep}{env['PATH']}"
+    env.update({k: str(v) for k, v in workflow().get("env", {}).items() if "${{" not in str(v)})
+    env.update(PERFSUITE_TORCH_INDEX="")  # ${{ vars.PERFSUITE_TORCH_INDEX }} unset
+
+    installed = run_step(step("gate", "Install")["run"], env)
+    assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]
+    written = dict(line.split("=", 1) for line in github_env.read_text().splitlines() if "=" in line)
+    venv = Path(written["VENV"])
+    assert venv.is_relative_to(home / ".cache" / "perfsuite")  # on the runner's disk, not in the checkout
+    assert Path(written["HISTORY_URL"]).is_relative_to(home / ".cache" / "perfsuite")
+    probe = import_check(venv / "bin" / "python")
+    assert probe.stdout.startswith("MISSING [] 2."), probe.stdout + probe.stderr  # no test extra; the linked torch
+
+    gate = step("gate", "Gate tier")["run"].rstrip()
+    assert gate.splitlines()[-1].strip().startswith("--perf-out")  # the pytest line ends the step
+    env.update(written, RUN_DIR=str(tmp_path / "gate"), RECORD_HISTORY="true")
+    collected = run_step(gate + " --collect-only -q -p no:cacheprovider", env, timeout=300)
+    assert collected.returncode == 0, collected.stdout[-3000:] + collected.stderr[-3000:]
+    collected_every_gate_cell(collected.stdout)
+
+
+@pytest.mark.slow
+def test_tox_gpu_installs_and_collects_the_gate_in_a_fresh_venv(tmp_path, linked):
+    """`tox -e gpu -- --collect-only`: tox makes its venv (set up first with
+    --notest, then given the links), .ci/install installs into it."""
+    pytest.importorskip("tox", reason="tox comes with the test extra")
+    tox = configparser.ConfigParser(interpolation=None)
+    tox.read(ROOT / "tox.ini")
+    extras = set(re.search(r"\.ci/install \{envdir\}\s*(\S*)", tox["testenv:gpu"]["commands_pre"]).group(1).split(","))
+    env = clean_env(tmp_path / "home")
+    (tmp_path / "home").mkdir()
+    work = tmp_path / "tox"
+    base = [sys.executable, "-m", "tox", "-e", "gpu", "--workdir", str(work)]
+    made = subprocess.run([*base, "--notest"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stdout[-3000:] + made.stderr[-3000:]
+    add_links(work / "gpu", linked(extras - {""}))
+    ran = subprocess.run([*base, "--", "--collect-only", "-q", "-p", "no:cacheprovider",
+                          "--perf-out", str(tmp_path / "gate")],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    assert ".ci/install" in ran.stdout  # tox ran the one install, not an install of its own
+    probe = import_check(work / "gpu" / "bin" / "python")
+    assert probe.stdout.startswith("MISSING [] 2."), probe.stdout + probe.stderr
+    collected_every_gate_cell(ran.stdout)
+
+
+# ------------------------------------------------------------ .ci/install
+def fake_driver(tmp_path: Path, version: str | None) -> dict[str, str]:
+    """An environment whose nvidia-smi reports this driver (None: no nvidia-smi)."""
+    env = clean_env(tmp_path)
+    bin_dir = tmp_path / "fakebin"
+    bin_dir.mkdir(exist_ok=True)
+    smi = bin_dir / "nvidia-smi"
+    if version is not None:
+        smi.write_text(f"#!/bin/sh\necho {version}\n")
+        smi.chmod(0o755)
+        env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    else:  # only what a machine without an NVIDIA driver has
+        env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if not (Path(p) / "nvidia-smi").exists())
+    return env
+
+
+def dry_run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(INSTALL), "--dry-run", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize(("driver", "choice", "index"), [
+    (None, "", None), ("580.65.06", "", None), ("575.51.03", "", "cu128"), ("565.57.01", "", "cu126"),
+    ("575.51.03", "pypi", None), (None, "cpu", "cpu"), ("560.35.03", "cu130", "cu130")])
+def test_torch_comes_from_the_index_the_driver_needs(tmp_path, driver, choice, index):
+    env = fake_driver(tmp_path, driver)
+    env["PERFSUITE_TORCH_INDEX"] = choice
+    done = dry_run(env, "venv", "llm")
+    assert done.returncode == 0, done.stderr
+    commands = [line[2:] for line in done.stdout.splitlines() if line.startswith("+ ")]
+    venv = ROOT / "venv"
+    assert commands[0] == f"python3 -m venv {venv}"
+    torch = [c for c in commands if "--index-url" in c]
+    if index is None:
+        assert not torch
+    else:  # torch first, with the constraints, from that index
+        assert torch == [f"{venv}/bin/python -m pip install --quiet -c constraints.txt "
+                         f"--index-url https://download.pytorch.org/whl/{index} torch torchvision"]
+        assert commands.index(torch[0]) < len(commands) - 1
+    assert commands[-1] == f"{venv}/bin/python -m pip install --quiet -c constraints.txt -e .[llm]"
+
+
+def test_a_driver_too_old_for_any_torch_build_stops_the_install(tmp_path):
+    done = dry_run(fake_driver(tmp_path, "535.104.05"), "venv")
+    assert done.returncode == 2
+    assert "535.104.05" in done.stderr and "PERFSUITE_TORCH_INDEX" in done.stderr
+    assert "pip install" not in done.stdout
+
+
+def test_usage(tmp_path):
+    env = fake_driver(tmp_path, None)
+    assert dry_run(env).returncode == 2
+    assert dry_run(env, "a", "b", "c").returncode == 2
+    env["PERFSUITE_TORCH_INDEX"] = "cuda"
+    wrong = dry_run(env, "venv")
+    assert wrong.returncode == 2 and "PERFSUITE_TORCH_INDEX=cuda" in wrong.stderr
+    plain = dry_run(fake_driver(tmp_path, None), str(tmp_path / "v"))
+    assert plain.stdout.splitlines()[-1].endswith("-c constraints.txt -e .")  # no extras: no brackets
+
+
+def test_every_install_runs_the_one_script():
+    """tox's, CI's and the workflow's: one script, the same step in every job."""
+    tox = configparser.ConfigParser(interpolation=None)
+    tox.read(ROOT / "tox.ini")
+    for name in ("cpu", "gpu", "full"):
+        section = tox[f"testenv:{name}"]
+        assert section.get("commands_pre", "").startswith("bash {toxinidir}/.ci/install {envdir}"), name
+        assert "pip install" not in section.get("commands", "") + section.get("deps", ""), name
+    assert tox["testenv"].getboolean("skip_install")  # tox's own install would take no constraints
+    assert "bash .ci/install .venv test" in (ROOT / ".ci" / "run").read_text()
+    steps = [s["run"] for job in workflow()["jobs"].values() for s in job["steps"] if s.get("name") == "Install"]
+    assert len(steps) == len(workflow()["jobs"]) and len(set(steps)) == 1  # one step, in every job
+    assert re.search(r'^\s*bash \.ci/install "\$VENV" llm$', steps[0], re.M)
+    assert "pip install" not in steps[0]
