@@ -1,0 +1,65 @@
+"""The README is a quick start that stays true, and docs/ beside it."""
+
+import re
+from pathlib import Path
+
+from perfsuite import cli_reference
+
+ROOT = Path(__file__).resolve().parents[2]
+LINK = re.compile(r"\]\(([^)#\s]+)(#[^)]*)?\)")
+
+
+def markdown_files():
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def test_the_cli_reference_is_what_the_parsers_say():
+    written = (ROOT / "docs" / "reference" / "cli.md").read_text()
+    assert written == cli_reference.render(), (
+        "docs/reference/cli.md is out of date: python -m perfsuite.cli_reference > docs/reference/cli.md")
+
+
+def test_every_command_and_option_is_in_the_reference():
+    from perfsuite.cli import build_parser
+
+    page = (ROOT / "docs" / "reference" / "cli.md").read_text()
+    for path, _, parser in cli_reference._commands(build_parser()):
+        assert f"## {path}\n" in page
+        for action in parser._actions:
+            if action.help != "==SUPPRESS==" and action.option_strings and action.option_strings[0] != "-h":
+                assert f"`{action.option_strings[0]}`" in page, (path, action.option_strings)
+
+
+def test_every_relative_link_of_the_docs_leads_to_a_file():
+    broken = []
+    for page in markdown_files():
+        for target, _ in LINK.findall(page.read_text()):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            if not (page.parent / target).exists():
+                broken.append(f"{page.relative_to(ROOT)} -> {target}")
+    assert not broken, broken
+
+
+def test_the_readme_is_a_quick_start_with_its_two_commands_first():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 300
+    commands = re.search(r"## Two commands.*?```bash\n(.*?)\n```", readme, re.S).group(1).splitlines()
+    assert len(commands) == 2
+    install, tests = commands
+    ci = (ROOT / ".ci" / "run").read_text()
+    # CI installs and tests exactly as the README says
+    assert install.startswith("bash .ci/install .venv test && ") and "bash .ci/install .venv test\n" in ci
+    assert tests == ".venv/bin/python -m pytest" and "\n.venv/bin/python -m pytest\n" in ci
+    # a newcomer finds gating a PR and their own training code from the contents
+    contents = readme.split("## Contents", 1)[1].split("\n## ", 1)[0]
+    for page in ("docs/how-to/gate-a-change.md", "docs/how-to/own-workload.md", "docs/how-to/gpu-runners.md",
+                 "docs/reference/cli.md"):
+        assert f"]({page})" in contents
+
+
+def test_every_docs_page_is_linked_from_the_index():
+    index = (ROOT / "docs" / "README.md").read_text()
+    for page in sorted((ROOT / "docs").rglob("*.md")):
+        if page.name != "README.md":
+            assert f"]({page.relative_to(ROOT / 'docs')})" in index, page
