@@ -2,7 +2,7 @@
 
 import sys
 
-from perfsuite.cli import main
+from perfsuite.cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -9,7 +9,7 @@ sources, so a session measures it once.
 A cell's workload is a built-in name or a spec of one's own
 (``perfsuite.specs``): ``package.module:function``, an entry point of the
 group ``perfsuite.workloads``, or a pytest node id (a test run in every rank:
-``perfsuite.usercells``). Experiment files beyond the suite's own come from
+``perfsuite.plugin.usercells``). Experiment files beyond the suite's own come from
 ``$PERFSUITE_EXPERIMENTS`` and pytest's ini option ``perf_experiments``.
 """
 
@@ -47,7 +47,7 @@ EXPERIMENTS_ENV = "PERFSUITE_EXPERIMENTS"  # more experiment files or folders, o
 # What an experiment of a workload of the user's own need not spell out.
 USER_DEFAULTS = {"strategy": "", "device": "cpu", "world_size": 1, "precision": "fp32",
                  "pin_memory": False, "dataset": "", "batch_size": 0}
-# A pytest test run as a cell (perfsuite.usercells): user/<node id>/<c|g><ranks>[/prof]
+# A pytest test run as a cell (perfsuite.plugin.usercells): user/<node id>/<c|g><ranks>[/prof]
 USER_TIER = "user"
 _USER_ID = re.compile(r"user/(?P<test>.+::.+)/(?P<dev>[cg])(?P<ranks>[1-9]\d*)(?P<prof>/prof)?")
 

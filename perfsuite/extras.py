@@ -6,7 +6,7 @@ SQLite file, change points and the reports need. The rest is an extra:
 - ``llm``: the LLM cells (torchtune's recipes): torchtune, torchao,
   omegaconf, regex (``perfsuite.workloads.llm``);
 - ``postgres``: a history at a ``postgresql://`` URL: psycopg
-  (``perfsuite.history_schema``).
+  (``perfsuite.history.schema``).
 
 Every place that needs an extra asks here, so the fix reads the same from a
 cell's error, ``perfsuite doctor`` and the history. Standard library only:

@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from perfsuite import counters
 from perfsuite.cells import Cell
-from perfsuite.fsutil import atomic_write_json
+from perfsuite.rank import counters
 from perfsuite.stats import summary
+from perfsuite.system.atomic import atomic_write_json
 
 SCHEMA = "perfsuite.results/1"
 STATUSES = ("ok", "failed", "error", "timeout", "skipped")
@@ -94,7 +94,7 @@ def _share(seconds: Any, step_s: float) -> float | None:
 def gpu_busy(record: dict | None) -> dict[str, float | None]:
     """How busy one rank's GPU was: the device time of a step in its counting
     window (``counters.device_time``: anything the GPU ran, overlaps once; see
-    perfsuite.counting) over the median of its timed steps, and the
+    perfsuite.rank.counting) over the median of its timed steps, and the
     host-to-device copies' part of that step. None where either is missing:
     a CPU rank, a rank without a counting window (count_steps=0), a rank
     that times no steps."""

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from perfsuite.cells import Cell
-from perfsuite.launch import LaunchOptions
+from perfsuite.launch.launch import LaunchOptions
 
 
 def default_out_dir(root: Path | str = ".") -> Path:
@@ -90,7 +90,7 @@ class Runner:
         SessionError (or BaselineError) with the path and the fix."""
         if self._lock is not None:
             return
-        from perfsuite.locking import FolderLock, LockBusy
+        from perfsuite.system.locking import FolderLock, LockBusy
 
         out = self.out_dir
         if out.exists() and not out.is_dir():
@@ -122,8 +122,8 @@ class Runner:
             self.on_notice(lock.stale_message())
 
     def _claim(self, out: Path) -> None:
-        from perfsuite.fsutil import atomic_write_text
-        from perfsuite.locking import HOLDER_NAME, LOCK_NAME
+        from perfsuite.system.atomic import atomic_write_text
+        from perfsuite.system.locking import HOLDER_NAME, LOCK_NAME
 
         earlier = sorted(p.name for p in out.iterdir() if p.name not in (LOCK_NAME, HOLDER_NAME))
         if earlier and not (self.resume or self.overwrite):
@@ -183,7 +183,7 @@ class Runner:
     @property
     def baseline_sets(self) -> list:
         if self._sets is None:  # read once per session; a malformed file stops here, named
-            from perfsuite.baselines import load_all
+            from perfsuite.judge.baselines import load_all
 
             self._sets = load_all(self.baselines_root)
         return self._sets
@@ -197,8 +197,8 @@ class Runner:
         a GPU session that measured nothing must not pass as a healthy node."""
         if self.probe is None:
             from perfsuite.hardware import fingerprint, why_no_gpu
-            from perfsuite.launch import gpus_present, run_cell
-            from perfsuite.probe import assess, probe_cell
+            from perfsuite.launch.launch import gpus_present, run_cell
+            from perfsuite.launch.probe import assess, probe_cell
 
             ranks, reason = 2, "disabled"
             if device == "cuda" and self.probe_enabled:
@@ -235,21 +235,21 @@ class Runner:
     def _judge(self, cell: Cell, result: dict[str, Any], assessment: dict[str, Any]) -> list[dict]:
         """The cell's checks; a failure while judging becomes a failed check,
         never the loss of the measured result."""
-        from perfsuite.judge import judge
+        from perfsuite.judge.judging import judge
 
         try:
             return judge(cell, result, self._twin, self.baseline_sets, assessment)
         except Exception as err:  # noqa: BLE001 - the measurement stands, the check says why
             import traceback
 
-            return [{"name": "perfsuite.judge", "verdict": "fail", "observed": None,
+            return [{"name": "perfsuite.judge.judging", "verdict": "fail", "observed": None,
                      "expected": "every check evaluated",
                      "message": f"judging failed: {type(err).__name__}: {err}",
                      "traceback": traceback.format_exc()}]
 
     def _measure(self, cell: Cell) -> dict[str, Any]:
-        from perfsuite.judge import needs_more_launches
-        from perfsuite.launch import run_cell
+        from perfsuite.judge.judging import needs_more_launches
+        from perfsuite.launch.launch import run_cell
         from perfsuite.results import merge_repeats
 
         assessment = self.preflight(cell.device).get("assessment", {})
@@ -294,7 +294,7 @@ class Runner:
                        branch: str | None = None) -> str | None:
         """Keep this run in the history at ``url`` (None: $PERFSUITE_HISTORY,
         else the default SQLite file; "off": none), marked with its purpose
-        (``perfsuite.history.run_purpose``: its workload options, output folder,
+        (``perfsuite.history.store.run_purpose``: its workload options, output folder,
         and ``history_purpose`` when one was asked for); the line saying where
         and how, or why it was not kept. ``commit``, ``branch``: what it is stored
         under (default: git's here, the commit then the run's env)."""
@@ -302,7 +302,7 @@ class Runner:
             return None
         if interrupted:
             return "history: not stored: the session was interrupted (a partial run)"
-        from perfsuite.history import HistoryError, record_run_in_history, run_purpose, store_named
+        from perfsuite.history.store import HistoryError, record_run_in_history, run_purpose, store_named
 
         try:
             purpose = run_purpose(self.launch.options, out_dir=self.out_dir, store_named=store_named(url),
@@ -324,7 +324,7 @@ def launch_options(*, data_dir: str | Path | None = None, options: list[str] = (
                    gpus: str | None = None, nnodes: int = 1, rdzv_endpoint: str | None = None,
                    rdzv_id: str | None = None, slurm: bool = False) -> LaunchOptions:
     """LaunchOptions from command-line values (pytest's or perfsuite's)."""
-    from perfsuite import multinode
+    from perfsuite.launch import multinode
 
     bad = [o for o in options if "=" not in o]
     if bad:

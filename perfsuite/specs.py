@@ -11,10 +11,10 @@ A cell's ``workload`` is one of
   under ``[project.entry-points."perfsuite.workloads"]``;
 - a pytest node id, ``tests/test_train.py::test_step`` (with the test's own
   parameters, if any): the test itself runs in every rank
-  (``perfsuite.ranktest.run``; see ``perfsuite.usercells``).
+  (``perfsuite.plugin.ranktest.run``; see ``perfsuite.plugin.usercells``).
 
 Each resolves to a function ``run(cell, ctx) -> dict``, called by
-``perfsuite.worker`` with the cell and the rank's ``RankContext``, returning
+``perfsuite.rank.worker`` with the cell and the rank's ``RankContext``, returning
 the rank record's ``metrics``, ``steps``, ``counters`` and ``info`` (what
 ``perfsuite.steps.Steps.record()`` builds). Standard library only: the
 plugin checks specs while collecting, where nothing heavy may be imported.
@@ -33,7 +33,7 @@ from typing import Any
 BUILTIN = {"image": "perfsuite.workloads.image:run", "llm": "perfsuite.workloads.llm:run",
            "probe": "perfsuite.workloads.probe:run"}
 ENTRY_POINTS = "perfsuite.workloads"  # the entry-point group of installed workloads
-TEST_RUNNER = "perfsuite.ranktest:run"  # what a pytest node id resolves to
+TEST_RUNNER = "perfsuite.plugin.ranktest:run"  # what a pytest node id resolves to
 
 _DOTTED = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
 _FUNCTION = re.compile(rf"{_DOTTED}:{_DOTTED}")

@@ -4,12 +4,12 @@
 its initialised process group (gloo on CPU, NCCL on its one GPU), rank,
 world size and device. ``Steps`` is ``perf_steps``: it wraps the training
 loop's iterable and measures it as the built-in cells measure theirs
-(``perfsuite.meter.StepTimer``: CUDA events at step boundaries on a GPU,
+(``perfsuite.rank.meter.StepTimer``: CUDA events at step boundaries on a GPU,
 ``time.perf_counter`` on CPU, warm-up steps excluded), reports each step's
 progress (which a hang's diagnosis names), applies injected faults
 (``--perf-option fault=...``), profiles the launcher's profiler window,
 and counts the work counters over a few steps after the timed ones
-(``perfsuite.counting``). A workload function (``module:function``, an
+(``perfsuite.rank.counting``). A workload function (``module:function``, an
 entry point) uses the same two::
 
     def run(cell, ctx):
@@ -36,10 +36,10 @@ PROFILED_STEPS = 10  # as the built-in workloads: a window, not the whole run
 
 def measuring_modules() -> None:
     """Import what measuring imports (torch among it), ahead of the loop."""
-    import perfsuite.counting  # noqa: F401
-    import perfsuite.faults  # noqa: F401
-    import perfsuite.meter  # noqa: F401
     import perfsuite.profiling.torch_profile  # noqa: F401
+    import perfsuite.rank.counting  # noqa: F401
+    import perfsuite.rank.faults  # noqa: F401
+    import perfsuite.rank.meter  # noqa: F401
 
 
 class Dist:
@@ -101,7 +101,7 @@ class Steps:
 
     def __call__(self, iterable: Iterable, *, warmup: int | None = None, steps: int | None = None,
                  items: float | None = None, count: int | None = None) -> Iterator:
-        from perfsuite.counting import DEFAULT_WINDOW_STEPS
+        from perfsuite.rank.counting import DEFAULT_WINDOW_STEPS
 
         if self._state is not None:
             raise RuntimeError("perf_steps measures one loop per test: put every measured step "
@@ -119,10 +119,10 @@ class Steps:
               length: int | None) -> Iterator:
         import torch
 
-        from perfsuite import faults
-        from perfsuite.counting import counted_step
-        from perfsuite.meter import StepTimer, WallClock, reset_peak_memory
         from perfsuite.profiling.torch_profile import StepProfiler
+        from perfsuite.rank import faults
+        from perfsuite.rank.counting import counted_step
+        from perfsuite.rank.meter import StepTimer, WallClock, reset_peak_memory
 
         ctx, state = self.ctx, self._state
         device = torch.device(ctx.device)
@@ -181,8 +181,8 @@ class Steps:
     def record(self) -> dict[str, Any]:
         """The rank record's part a workload returns: metrics, steps,
         counters, profile and info, as the built-in workloads return them."""
-        from perfsuite.counting import summarise_window
-        from perfsuite.meter import metric, peak_memory
+        from perfsuite.rank.counting import summarise_window
+        from perfsuite.rank.meter import metric, peak_memory
 
         if not self.used:
             raise RuntimeError("nothing was measured: iterate the training loop over "

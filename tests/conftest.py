@@ -172,7 +172,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if runner is None or getattr(runner, "history_purpose", None) is not None:
         return
     if any(not is_perf(item) for item in session.items):
-        from perfsuite.history import Purpose
+        from perfsuite.history.store import Purpose
 
         runner.history_purpose = Purpose("ad-hoc", "measured within the suite's own tests, on the working "
                                          "tree as it stands", declared=True)

@@ -11,10 +11,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from perfsuite.fsutil import atomic_write_bytes, atomic_write_text
 from perfsuite.report.formatting import esc, td
 from perfsuite.report.html import CSS
 from perfsuite.report.plotting import legend, new_figure, png_bytes
+from perfsuite.system.atomic import atomic_write_bytes, atomic_write_text
 
 SIDE_COLOURS = {"A": "#1f77b4", "B": "#d62728"}
 SIDE_MARKERS = {"A": "o", "B": "s"}

@@ -133,7 +133,7 @@ def sample_ratio_interval(cell: Mapping[str, Any], twin: Mapping[str, Any],
     cells' step-time samples, as the cross-cell checks compute it
     (``checks.CrossCellRatio``); (ratio, None, None) when too few samples bound it."""
     from perfsuite import stats
-    from perfsuite.checks import samples_per_step
+    from perfsuite.judge.checks import samples_per_step
 
     def samples(c: Mapping[str, Any]) -> list[float]:
         raw = ((c.get("metrics") or {}).get("step_time") or {}).get("samples") or []

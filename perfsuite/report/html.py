@@ -17,11 +17,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from perfsuite.fsutil import atomic_write_text
 from perfsuite.report import cellview as cv
 from perfsuite.report.formatting import fmt, fmt_bytes, quantity, sort_key
 from perfsuite.report.page_data import report_context
 from perfsuite.report.plotting import ReportFigure
+from perfsuite.system.atomic import atomic_write_text
 
 TEMPLATES = Path(__file__).with_name("templates")
 CSS = (TEMPLATES / "report.css").read_text(encoding="utf-8")  # report/ab.py's page uses it too

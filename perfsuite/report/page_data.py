@@ -28,7 +28,7 @@ TRACE_SUFFIXES = (".trace.json", ".trace.json.gz", ".pt.trace.json", ".nsys-rep"
 def _fingerprint(env: Mapping[str, Any]) -> str:
     """The baselines' short hash of hardware and software, to match runs by eye."""
     try:
-        from perfsuite.recording import fingerprint
+        from perfsuite.judge.recording import fingerprint
         return fingerprint(env)
     except Exception:  # noqa: BLE001 - the page is still worth having without it
         return "–"
@@ -217,7 +217,7 @@ def _attribution(deltas: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 def _counters(counted: Mapping[str, Any]) -> dict[str, Any]:
     """A cell's work counters per step (summed over its ranks)."""
-    from perfsuite.counters import headline
+    from perfsuite.rank.counters import headline
 
     unstable = counted.get("unstable") or []
     note = (f"per training step, summed over {counted.get('ranks', 1)} rank(s), counted over "

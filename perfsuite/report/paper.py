@@ -86,7 +86,7 @@ def _read_tables_directly(folder: Path) -> dict[str, pd.DataFrame]:
 def load_paper_reference(root: Path | str | None = None) -> PaperReference:
     """The first paper baseline folder under ``root`` (default: the repository's
     baselines); an empty reference when there is none, so figures still draw."""
-    from perfsuite import baselines
+    from perfsuite.judge import baselines
 
     root = Path(root) if root is not None else baselines.default_root()
     if not root.is_dir():

@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from perfsuite.fsutil import atomic_write_text
+from perfsuite.system.atomic import atomic_write_text
 
 PARAM_COLUMNS = ("tier", "workload", "strategy", "device", "world_size", "precision",
                  "pin_memory", "image_size", "memory_format", "dataset")

@@ -1,14 +1,14 @@
 """The history's trends page (trends.html): per cell and metric, the values
 over commits, the change points marked, each hardware profile its own series.
 
-Read from a history store (``perfsuite.history.History``): one figure per
+Read from a history store (``perfsuite.history.store.History``): one figure per
 cell and metric, x the commits in the order they were first measured (short
 sha labels), y the commit's value (``Point.value``: the median of its runs,
 a step time's run the median of its launches' medians, or floors, when it
 was launched more than once: ``History.series``) with the spread where the
 store has it as error bars (the range of those launch values, or of the
 runs, of that commit; else the run's samples' IQR around the value). A change point found by Apache Otava's
-E-Divisive (``perfsuite.history_changes.find_changes``) is a vertical line
+E-Divisive (``perfsuite.history.changes.find_changes``) is a vertical line
 at its first bad commit with its ratio and interval; each hardware profile
 is its own series (colour, marker) and a dash-dot line marks where the
 machine measuring the series changed. A table lists the changes (cell,
@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from perfsuite.fsutil import atomic_write_text
 from perfsuite.report.formatting import fmt, fmt_bytes, quantity, sort_key, utc_time
+from perfsuite.system.atomic import atomic_write_text
 
 TEMPLATES = Path(__file__).with_name("templates")
 DEFAULT_NAME = "trends.html"
@@ -51,8 +51,8 @@ class Trend:
     cell: str
     metric: str
     profile: str
-    points: list  # perfsuite.history.Point, in the order the commits were first measured
-    changes: list = field(default_factory=list)  # perfsuite.history_changes.Change
+    points: list  # perfsuite.history.store.Point, in the order the commits were first measured
+    changes: list = field(default_factory=list)  # perfsuite.history.changes.Change
     spreads: list = field(default_factory=list)  # per point: (low, high, kind) or None
 
 
@@ -76,8 +76,8 @@ def _stored_spread(history: Any, metric: str, statistic: str) -> dict[tuple[int,
     """(run id, cell) -> (IQR of the run's samples, its launch values) of ``metric``."""
     import sqlalchemy as sa
 
-    from perfsuite.history_rows import launch_key
-    from perfsuite.history_schema import metrics as metrics_table
+    from perfsuite.history.rows import launch_key
+    from perfsuite.history.schema import metrics as metrics_table
 
     query = sa.select(metrics_table.c.run_id, metrics_table.c.cell, metrics_table.c.iqr,
                       metrics_table.c.launches).where(metrics_table.c.metric == metric)
@@ -97,7 +97,7 @@ def _finite(value: Any) -> bool:
 
 def launch_values_phrase(metric: str, statistic: str) -> str:
     """What a repeated run takes of each launch, in the header's and the captions' words."""
-    from perfsuite.history_rows import launch_key  # as the series read the store
+    from perfsuite.history.rows import launch_key  # as the series read the store
 
     return "launch floors (fastest steps)" if launch_key(metric, statistic) == "floors" else "launch medians"
 
@@ -131,8 +131,8 @@ def read_trends(history: Any, cells: Sequence[str] | None = None,
     """Every series of the given cells (ids or globs; None: all) and metrics,
     with its change points and error bars; of the runs stored as ``run``,
     and of the purposes in ``include`` (``experiment``, ``ad-hoc``)."""
-    from perfsuite.history_changes import DEFAULT_MAX_PVALUE, DEFAULT_WINDOW, find_changes
-    from perfsuite.history_rows import DEFAULT_LAUNCH_STATISTIC
+    from perfsuite.history.changes import DEFAULT_MAX_PVALUE, DEFAULT_WINDOW, find_changes
+    from perfsuite.history.rows import DEFAULT_LAUNCH_STATISTIC
 
     statistic = launch_statistic or DEFAULT_LAUNCH_STATISTIC
     trends = []
@@ -283,7 +283,7 @@ def trend_png(cell: str, metric: str, trends: Sequence[Trend]) -> bytes:
 # ----------------------------------------------------------------------------- the page
 
 def _commit(point: Any) -> dict[str, Any]:
-    from perfsuite.history import when
+    from perfsuite.history.store import when
 
     return {"short": point.commit[:12], "full": point.commit, "time": when(point.time),
             "value": quantity(point.value, point.unit), "sort": sort_key(point.time)}
@@ -334,7 +334,7 @@ def _figure(cell: str, metric: str, trends: list[Trend], statistic: str) -> dict
 def trends_context(trends: list[Trend], *, store: str, metrics: Sequence[str],
                    cells: Sequence[str] | None, settings: dict[str, Any]) -> dict[str, Any]:
     """Plain values for templates/trends.html.j2."""
-    from perfsuite.history_changes import regressed_at_head
+    from perfsuite.history.changes import regressed_at_head
 
     statistic = settings["launch_statistic"]
     by_cell: dict[str, dict[str, list[Trend]]] = {}
@@ -387,7 +387,7 @@ def render_trends(context: dict[str, Any]) -> str:
 def default_out(url: str | os.PathLike | None) -> Path:
     """trends.html beside the store's SQLite file (``.perfsuite/trends.html``
     for the default store), else in the current directory."""
-    from perfsuite.history_schema import resolve_url, sqlite_file
+    from perfsuite.history.schema import resolve_url, sqlite_file
 
     path = sqlite_file(resolve_url(url))
     return path.with_name(DEFAULT_NAME) if path is not None else Path(DEFAULT_NAME)
@@ -414,10 +414,10 @@ def write_trends_page(url: str | os.PathLike | None, out_path: Path | str | None
                       include: Sequence[str] = ()) -> tuple[Path, list[Trend]]:
     """``write_trends``, returning the series the page shows as well. Raises
     LookupError, writing nothing, when ``cells`` match no series."""
-    from perfsuite.history import History
-    from perfsuite.history_changes import DEFAULT_MAX_PVALUE, DEFAULT_WINDOW
-    from perfsuite.history_rows import DEFAULT_LAUNCH_STATISTIC
-    from perfsuite.history_schema import shown_url
+    from perfsuite.history.changes import DEFAULT_MAX_PVALUE, DEFAULT_WINDOW
+    from perfsuite.history.rows import DEFAULT_LAUNCH_STATISTIC
+    from perfsuite.history.schema import shown_url
+    from perfsuite.history.store import History
 
     cells = [cells] if isinstance(cells, str) else list(cells or []) or None
     metrics = [metrics] if isinstance(metrics, str) else list(metrics or DEFAULT_METRICS)
@@ -447,7 +447,7 @@ def trends_link(base: Path | str | None) -> dict[str, Any] | None:
     the default history store (``.perfsuite/history.sqlite`` here) is,
     relative to the page, and whether it has been written; None when there
     is no such store."""
-    from perfsuite.history_schema import DEFAULT_PATH
+    from perfsuite.history.schema import DEFAULT_PATH
 
     if base is None:
         return None

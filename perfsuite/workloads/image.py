@@ -25,10 +25,10 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 from torchvision.models import mobilenet_v2
 
-from perfsuite import counting, faults
 from perfsuite.cells import Cell
 from perfsuite.context import RankContext
-from perfsuite.meter import StepTimer, WallClock, metric, peak_memory, reset_peak_memory
+from perfsuite.rank import counting, faults
+from perfsuite.rank.meter import StepTimer, WallClock, metric, peak_memory, reset_peak_memory
 from perfsuite.workloads import image_data
 
 NUM_CLASSES = 10

@@ -22,7 +22,7 @@ import torch
 from torch.utils.data import Dataset
 from torchvision.transforms.v2 import functional as TF
 
-from perfsuite.fsutil import atomic_write_chunks
+from perfsuite.system.atomic import atomic_write_chunks
 
 MNIST_FILES = {
     "train_images": "train-images-idx3-ubyte",

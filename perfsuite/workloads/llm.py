@@ -146,7 +146,7 @@ def counting_steps(cell: Any, options: dict[str, str]) -> int:
     runs that many more (and one between, uncounted, so no timed step's end
     falls inside the window). A recipe caps steps per epoch, so only
     one-epoch cells with a step cap get a window."""
-    from perfsuite.counting import DEFAULT_WINDOW_STEPS
+    from perfsuite.rank.counting import DEFAULT_WINDOW_STEPS
 
     if cell.epochs != 1 or cell.max_steps <= 0:
         return 0
@@ -157,7 +157,7 @@ def run(cell: Any, ctx: Any) -> dict[str, Any]:
     """Run ``cell`` on this rank; returns metrics, measured steps and info."""
     import torch
 
-    from perfsuite.counting import OptimizerStepWindow
+    from perfsuite.rank.counting import OptimizerStepWindow
 
     if ctx.world_size != cell.world_size:
         raise ValueError(f"cell {cell.id} wants {cell.world_size} ranks, launched with "

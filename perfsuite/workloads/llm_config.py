@@ -221,7 +221,7 @@ def build_plan(cell: Any, rank: int, world_size: int, out_dir: Path, options: di
 def write_config(plan: RecipePlan) -> Path:
     from omegaconf import OmegaConf
 
-    from perfsuite.fsutil import atomic_write_text
+    from perfsuite.system.atomic import atomic_write_text
 
     atomic_write_text(plan.config_path, OmegaConf.to_yaml(OmegaConf.create(plan.config)))
     return plan.config_path

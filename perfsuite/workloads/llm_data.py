@@ -53,7 +53,7 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
-from perfsuite.fsutil import atomic_write_text
+from perfsuite.system.atomic import atomic_write_text
 
 DATA_DIR = Path(__file__).parent / "data" / "llm"
 GENERATOR_VERSION = 3  # bump when generated rows change: it is part of the file name

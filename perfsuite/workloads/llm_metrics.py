@@ -14,7 +14,7 @@
 - time_per_token: each measured step's time over its tokens (steps without
   tokens left out), value = median. A step's time follows its batch's
   padded length, so the step-time verdict of an LLM cell compares this
-  (perfsuite.checks), not raw step times.
+  (perfsuite.judge.checks), not raw step times.
 - loss: the recipe's logged loss per step; ``lora_dpo_distributed`` sums it
   over ranks (torchtune 0.6.1), so it is divided by the world size here.
 - mfu: model FLOPs of the measured steps on this rank / their time / the
@@ -24,7 +24,7 @@
   parameters, L layers, d model width, T the batch's padded length:
   full fine-tune (qat) 6N + 12LdT; LoRA-style (frozen base: activation
   gradients but no weight gradients) 4N + 6N_a + 12LdT; DPO adds the
-  reference forward, 2N + 4LdT. Peaks: ``perfsuite.peaks`` (datasheet
+  reference forward, 2N + 4LdT. Peaks: ``perfsuite.rank.peaks`` (datasheet
   table). Omitted on CPU and on GPUs the table does not hold.
 - h2d_bytes: bytes of the trained batches the recipe moves to the GPU; 0 on
   CPU. peak_mem_*: ``torch.cuda.max_memory_*`` after the run (the recipes
@@ -38,14 +38,14 @@ import math
 import statistics
 from typing import Any
 
-from perfsuite.meter import metric, peak_memory
+from perfsuite.rank.meter import metric, peak_memory
 
 
 def peak_flops(device_name: str, precision: str, tf32: bool) -> float | None:
-    """Dense peak of the precision the matmuls run in (``perfsuite.peaks``'s
+    """Dense peak of the precision the matmuls run in (``perfsuite.rank.peaks``'s
     datasheet table): bf16 tensor cores, or for fp32 the TF32 tensor-core rate
     when TF32 matmuls are on, else the non-tensor fp32 rate."""
-    from perfsuite import peaks
+    from perfsuite.rank import peaks
 
     wanted = "bf16" if precision == "bf16" else ("tf32" if tf32 else "fp32")
     return peaks.peak_flops(device_name, wanted)

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from perfsuite.meter import Progress
+from perfsuite.rank.meter import Progress
 
 LOGGERS: dict[str, StepLogger] = {}
 BATCHES: list[dict[str, Any]] = []

@@ -15,7 +15,7 @@ excluded, medians over repetitions:
 
 Every rank returns the same figures, gathered over the process group: the
 slowest rank's matmul and copy, each all-reduce's slowest-rank time.
-perfsuite.probe compares them with the datasheet peaks.
+perfsuite.launch.probe compares them with the datasheet peaks.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from perfsuite.meter import metric
 from perfsuite.profiling.summary import nccl_bus_bandwidth
+from perfsuite.rank.meter import metric
 
 MiB = 2**20
 GPU_MATMUL_N = 8192

@@ -6,7 +6,7 @@ Parametrised by the perfsuite plugin over the cells of ``--perf-tier`` (or
 
 import pytest
 
-from perfsuite.judge import explain, failures
+from perfsuite.judge.judging import explain, failures
 
 
 @pytest.mark.perf(workload="image")

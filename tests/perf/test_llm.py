@@ -6,7 +6,7 @@ Parametrised by the perfsuite plugin over the llm cells of ``--perf-tier``
 
 import pytest
 
-from perfsuite.judge import explain, failures
+from perfsuite.judge.judging import explain, failures
 
 
 @pytest.mark.perf(workload="llm")

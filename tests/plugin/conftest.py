@@ -7,6 +7,6 @@ import pandas  # noqa: F401
 import sqlalchemy  # noqa: F401
 import torch  # noqa: F401
 
-import perfsuite.baselines  # noqa: F401
-import perfsuite.launch  # noqa: F401
+import perfsuite.judge.baselines  # noqa: F401
+import perfsuite.launch.launch  # noqa: F401
 import perfsuite.report.html  # noqa: F401

@@ -4,7 +4,7 @@ import json
 import random
 
 from perfsuite import cells
-from perfsuite.cli import main
+from perfsuite.cli.main import main
 from perfsuite.results import SCHEMA
 
 ENV = {"cpu_model": "Test CPU", "cpu_cores": 2, "gpu_count": 0, "torch": "2.14.0"}
@@ -129,7 +129,7 @@ def _perfsuite(*args):
     from pathlib import Path
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # a write per line: the reader goes early
-    return [sys.executable, "-m", "perfsuite.cli", *args], env, Path(__file__).parents[2]
+    return [sys.executable, "-m", "perfsuite.cli.main", *args], env, Path(__file__).parents[2]
 
 
 def test_list_into_head_ends_without_a_traceback():
@@ -199,7 +199,7 @@ def test_sigpipe_default_only_for_the_console_entry_and_commands_that_launch_not
     assert signal.getsignal(signal.SIGPIPE) == before
 
     probe = ("import signal, sys\n"
-             "from perfsuite import cli, cli_ab, cli_results, cli_run, cli_selftest\n"
+             "from perfsuite.cli import ab as cli_ab, main as cli, results as cli_results, run as cli_run, selftest as cli_selftest\n"
              "def seen(args):\n"
              "    print('-'.join(sys.argv[1:]), signal.getsignal(signal.SIGPIPE) == signal.SIG_DFL)\n"
              "    return 0\n"
@@ -256,7 +256,7 @@ def test_list_json_gives_ids_and_params(capsys):
 
 
 def test_compare_json_prints_the_verdicts_and_keeps_the_exit_codes(tmp_path, capsys):
-    from perfsuite.comparing import compare_runs
+    from perfsuite.judge.comparing import compare_runs
     from perfsuite.results import load
 
     a = write_run(tmp_path / "a", 1.0, launches=4)
@@ -357,9 +357,9 @@ def test_old_names_still_work_and_say_once_which_name_replaces_them(tmp_path, ca
 
 
 def test_the_self_tests_live_under_selftest_and_print_json_alone(capsys, monkeypatch):
-    import perfsuite.overhead
+    import perfsuite.gate.overhead
 
-    monkeypatch.setattr(perfsuite.overhead, "measure_overhead",
+    monkeypatch.setattr(perfsuite.gate.overhead, "measure_overhead",
                         lambda **kw: {"ratio": 1.004, "overhead_percent": 0.4, **kw})
     assert main(["selftest", "overhead", "--blocks", "2", "--json"]) == 0
     captured = capsys.readouterr()
@@ -403,7 +403,7 @@ def test_run_stores_under_the_commit_and_branch_it_is_given_outside_git(tmp_path
 
     installed = hardware.fingerprint()  # as from a wheel: the env names no commit of perfsuite's
     monkeypatch.setattr(hardware, "fingerprint", lambda: {**installed, "commit": None})
-    monkeypatch.setattr("perfsuite.launch.run_cell", FakeLaunches())
+    monkeypatch.setattr("perfsuite.launch.launch.run_cell", FakeLaunches())
     monkeypatch.setattr("perfsuite.runner.handle_sigterm", lambda: None)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "none").mkdir()
@@ -419,7 +419,7 @@ def test_run_stores_under_the_commit_and_branch_it_is_given_outside_git(tmp_path
 
 
 def test_history_detection_prints_its_figures_as_json(tmp_path, capsys, monkeypatch):
-    from perfsuite import history_detection
+    from perfsuite.history import detection as history_detection
 
     monkeypatch.setattr(history_detection, "_this_profile", lambda: None)
     folder = tmp_path / "baselines" / "cpu-x-2c"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from perfsuite import cli
+from perfsuite.cli import main as cli
 from tests.plugin.test_plugin import CELL_TEST
 
 pytest_plugins = ["pytester"]
@@ -35,7 +35,7 @@ def launched(monkeypatch):
                 "metrics": {"step_time": {"value": 0.1, "unit": "s", "samples": samples},
                             "throughput": {"value": 160.0, "unit": "images/s"}}}
 
-    monkeypatch.setattr("perfsuite.launch.run_cell", run_cell)
+    monkeypatch.setattr("perfsuite.launch.launch.run_cell", run_cell)
 
 
 def last_line(outlines):
@@ -102,7 +102,7 @@ ISOLATED = """
 import json, os, subprocess, sys
 from pathlib import Path
 
-from perfsuite.history import record_run_in_history
+from perfsuite.history.store import record_run_in_history
 
 
 def test_stores_and_cache_are_this_sessions(tmp_path_factory):
@@ -162,7 +162,7 @@ from pathlib import Path
 # run in the checkout while a test runs: it is not the test's doing.
 HOLD = (
     "import sys, time\\n"
-    "from perfsuite.locking import FolderLock\\n"
+    "from perfsuite.system.locking import FolderLock\\n"
     "FolderLock(sys.argv[1], 'perfsuite session').acquire()\\n"
     "open(sys.argv[2], 'w').close()\\n"
     "time.sleep(120)\\n")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from perfsuite.cli import main as cli_main
+from perfsuite.cli.main import main as cli_main
 from perfsuite.results import SCHEMA
 from tests.plugin.test_plugin import CELL_TEST
 from tests.unit.cellkit import survivors
@@ -196,7 +196,7 @@ def test_an_interrupted_run_says_how_and_keeps_its_cells(tmp_path, capsys, monke
 
 
 def test_run_piped_into_a_reader_that_leaves_ends_quietly(tmp_path):
-    run = subprocess.Popen([sys.executable, "-m", "perfsuite.cli", "run", GPU_CELL, "--no-probe",
+    run = subprocess.Popen([sys.executable, "-m", "perfsuite.cli.main", "run", GPU_CELL, "--no-probe",
                             "--allow-no-gpu", "--out", str(tmp_path / "out")], stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE)
     run.stdout.close()  # the reader is gone before the first line
@@ -212,7 +212,7 @@ import sys
 
 def test_plain():
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
-    heavy = [m for m in ("perfsuite.runner", "perfsuite.launch", "scipy", "pandas", "torch")
+    heavy = [m for m in ("perfsuite.runner", "perfsuite.launch.launch", "scipy", "pandas", "torch")
              if m in sys.modules]
     assert heavy == []
 """)
@@ -234,7 +234,7 @@ def test_a_report_that_cannot_be_written_is_a_sentence(tmp_path, capsys, monkeyp
     def refuse(path, text):
         raise PermissionError(13, "Permission denied", str(path))
 
-    monkeypatch.setattr("perfsuite.fsutil.atomic_write_text", refuse)
+    monkeypatch.setattr("perfsuite.system.atomic.atomic_write_text", refuse)
     monkeypatch.setattr("perfsuite.report.tables.atomic_write_text", refuse)
     assert cli_main(["report", str(run)]) == 2
     err = capsys.readouterr().err

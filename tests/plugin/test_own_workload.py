@@ -49,7 +49,7 @@ def test_the_example_runs_in_two_ranks_on_cpu_and_is_judged_against_its_baseline
     assert {"sanity.step_time_samples", "sanity.throughput", "step_time", "work_counters"} <= set(checks)
     assert not [c for c in cell["checks"] if c["verdict"] in ("fail", "regressed")]
     recorded = json.loads(next((EXAMPLE / "baselines").glob("*/counters.json")).read_text())["entries"]
-    from perfsuite.baselines import counter_versions
+    from perfsuite.judge.baselines import counter_versions
 
     if any(e["versions"] == counter_versions(cell["env"], "cpu") for e in recorded):
         assert checks["work_counters"]["verdict"] == "pass", checks["work_counters"]  # the same stack

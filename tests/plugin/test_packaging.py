@@ -44,7 +44,7 @@ def test_an_installed_wheel_finds_the_project_baselines(tmp_path):
                    check=True, capture_output=True, timeout=300)
     env = {k: v for k, v in os.environ.items() if k not in ("PERFSUITE_BASELINES", "PYTHONPATH")}
     env["PYTHONPATH"] = str(target)
-    probe = ("import perfsuite, perfsuite.baselines as b, perfsuite.cells as c\n"
+    probe = ("import perfsuite, perfsuite.judge.baselines as b, perfsuite.cells as c\n"
              "sets = b.load_all()\n"
              "print(perfsuite.__file__); print(b.default_root()); print(len(sets))\n"
              "print(' '.join(sorted(s.path.name for s in sets))); print(len(c.select(tier='smoke')))\n")

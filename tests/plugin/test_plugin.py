@@ -5,7 +5,7 @@ import json
 import pytest
 
 from perfsuite import cells
-from perfsuite.cli import main as cli_main
+from perfsuite.cli.main import main as cli_main
 
 pytest_plugins = ["pytester"]
 

@@ -28,7 +28,7 @@ def launched_from_a_wheel(monkeypatch):
                 "ranks": [{"rank": 0, "status": "ok", "steps": 5, "device": "cpu", "host": "h", "error": None}],
                 "metrics": {"step_time": {"value": 0.1, "unit": "s", "samples": samples}}}
 
-    monkeypatch.setattr("perfsuite.launch.run_cell", run_cell)
+    monkeypatch.setattr("perfsuite.launch.launch.run_cell", run_cell)
 
 
 def history_line(result):

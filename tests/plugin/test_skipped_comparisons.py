@@ -34,7 +34,7 @@ def measured_fine(monkeypatch):
                 "metrics": {"step_time": {"value": 0.1, "unit": "s", "samples": samples},
                             "throughput": {"value": 160.0, "unit": "images/s"}}}
 
-    monkeypatch.setattr("perfsuite.launch.run_cell", run_cell)
+    monkeypatch.setattr("perfsuite.launch.launch.run_cell", run_cell)
 
 
 def test_fail_on_skipped_fails_a_run_whose_step_times_were_all_skipped(pytester, measured_fine):

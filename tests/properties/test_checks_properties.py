@@ -1,12 +1,12 @@
-"""Properties of perfsuite.checks: verdicts that do not depend on how samples arrive."""
+"""Properties of perfsuite.judge.checks: verdicts that do not depend on how samples arrive."""
 
 import json
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from perfsuite import checks as ck
-from perfsuite.baseline_lookup import Expectation
+from perfsuite.judge import checks as ck
+from perfsuite.judge.lookup import Expectation
 
 seconds = st.integers(1, 1_000_000).map(lambda i: i / 1000)
 samples = st.lists(seconds, min_size=5, max_size=30)

@@ -5,7 +5,8 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from perfsuite import launchstats, stats
+from perfsuite import stats
+from perfsuite.judge import launchstats
 
 # Step times on a millisecond grid (0.001 s to 1000 s): real timers have finite
 # resolution, and it keeps two different samples from being one float apart.

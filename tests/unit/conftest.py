@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import sqlalchemy  # noqa: F401 - before pytester's in-process perf runs: see tests/plugin/conftest.py
 
-from perfsuite.launch import LaunchOptions
+from perfsuite.launch.launch import LaunchOptions
 
 CPU_ENV = {"cpu_model": "AMD EPYC 9334", "cpu_cores": 2, "gpu_count": 0}
 
@@ -45,6 +45,6 @@ def no_baselines(tmp_path):
 @pytest.fixture
 def fake(monkeypatch):
     launches = FakeLaunches()
-    monkeypatch.setattr("perfsuite.launch.run_cell", launches)
-    monkeypatch.setattr("perfsuite.detection.run_cell", launches)
+    monkeypatch.setattr("perfsuite.launch.launch.run_cell", launches)
+    monkeypatch.setattr("perfsuite.gate.detection.run_cell", launches)
     return launches

@@ -14,8 +14,12 @@ import time
 import numpy as np
 import pytest
 
-from perfsuite import ab, cells, cli, cli_ab, launchstats, options
-from perfsuite.launch import LaunchOptions
+from perfsuite import cells, options
+from perfsuite.cli import ab as cli_ab
+from perfsuite.cli import main as cli
+from perfsuite.gate import ab
+from perfsuite.judge import launchstats
+from perfsuite.launch.launch import LaunchOptions
 from perfsuite.report.ab import ab_section_html
 from tests.unit.cellkit import tiny_image_cell
 
@@ -67,7 +71,7 @@ class FakeLaunches:
 
 def fake_launches(monkeypatch, **kwargs):
     launches = FakeLaunches(**kwargs)
-    monkeypatch.setattr("perfsuite.ab.run_cell", launches)
+    monkeypatch.setattr("perfsuite.gate.ab.run_cell", launches)
     return launches
 
 
@@ -176,7 +180,7 @@ def test_other_checks_compare_a_with_b_and_a_regression_there_fails(tmp_path, mo
 
 def test_terminal_shows_launches_rounds_and_the_summary(tmp_path, monkeypatch, capsys):
     fake_launches(monkeypatch)
-    monkeypatch.setattr("perfsuite.ab.check_interpreter", lambda side: None)
+    monkeypatch.setattr("perfsuite.gate.ab.check_interpreter", lambda side: None)
     code = cli.main(["ab", SMOKE_CELL, "--b-env", "FAKE_SLOW=0.1", "--max-launches", "4",
                      "--out", str(tmp_path)])
     out = capsys.readouterr().out
@@ -292,7 +296,7 @@ def test_a_real_cell_measured_on_both_sides_in_abba_order(tmp_path):
 def test_the_detection_benchmark_judges_ab_on_itself(tmp_path, monkeypatch):
     """`perfsuite detection --ab`: per trial an A/B session per condition,
     side B slowed by the injected fault (stood in for by the fake)."""
-    from perfsuite import detection
+    from perfsuite.gate import detection
 
     fake_launches(monkeypatch)
     out = detection.measure_ab_detection(trials=2, work_dir=tmp_path, log=lambda line: None)
@@ -309,7 +313,7 @@ def test_ab_launches_with_every_launching_option_of_run(tmp_path, monkeypatch):
     """Data dir, workload options, timeout, GPUs, nodes and profiler reach every
     launch of both sides, under each side's own interpreter and environment."""
     fake = fake_launches(monkeypatch)
-    monkeypatch.setattr("perfsuite.ab.check_interpreter", lambda side: None)
+    monkeypatch.setattr("perfsuite.gate.ab.check_interpreter", lambda side: None)
     data = tmp_path / "mnist"
     data.mkdir()
     code = cli.main(["ab", SMOKE_CELL, "--max-launches", "4", "--out", str(tmp_path / "out"),
@@ -344,7 +348,7 @@ def test_ab_refuses_gpu_cells_where_torch_sees_no_gpu_unless_allowed(tmp_path, c
 
 def test_ab_json_prints_the_verdicts_on_stdout_and_the_rest_on_stderr(tmp_path, monkeypatch, capsys):
     fake_launches(monkeypatch, launch_sigma=0.02)
-    monkeypatch.setattr("perfsuite.ab.check_interpreter", lambda side: None)
+    monkeypatch.setattr("perfsuite.gate.ab.check_interpreter", lambda side: None)
     code = cli.main(["ab", SMOKE_CELL, "--b-env", "FAKE_SLOW=0.1", "--out", str(tmp_path), "--json"])
     captured = capsys.readouterr()
     summary = json.loads(captured.out)

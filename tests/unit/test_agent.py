@@ -6,13 +6,13 @@ import sys
 
 import pytest
 
-from perfsuite import agent
+from perfsuite.launch import agent
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 
 def test_only_this_interpreters_plain_torchrun_is_forked(monkeypatch):
-    assert agent.can_fork([*TORCHRUN, "--standalone", "-m", "perfsuite.worker"])
+    assert agent.can_fork([*TORCHRUN, "--standalone", "-m", "perfsuite.rank.worker"])
     assert not agent.can_fork(["/other/venv/bin/python", "-m", "torch.distributed.run"])
     assert not agent.can_fork(["srun", "--ntasks-per-node=1", *TORCHRUN])
     monkeypatch.setenv("PERFSUITE_FORK_AGENT", "0")

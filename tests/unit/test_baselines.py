@@ -1,4 +1,4 @@
-"""perfsuite.baselines: the paper's transcription, lookup, validation, recording."""
+"""perfsuite.judge.baselines: the paper's transcription, lookup, validation, recording."""
 
 import json
 import shutil
@@ -7,10 +7,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from perfsuite import baselines as bl
-from perfsuite import launchstats, recording
-from perfsuite.baseline_lookup import find_expectation, find_expectations, lookup
 from perfsuite.hardware import profile_id
+from perfsuite.judge import baselines as bl
+from perfsuite.judge import launchstats, recording
+from perfsuite.judge.lookup import find_expectation, find_expectations, lookup
 
 PAPER = Path(bl.__file__).resolve().parent.parent / "baselines" / "h100-sxm-94gb-x4-nvlink-paper"
 H100 = "h100-sxm-94gb-x4-nvlink"
@@ -359,7 +359,7 @@ def test_a_metric_in_the_wrong_table_says_where_it_belongs(tmp_path, name, metri
 
 
 def test_known_metric_names_cover_what_is_recorded_and_judged():
-    from perfsuite import checks
+    from perfsuite.judge import checks
 
     assert set(recording.RECORDED_TOLERANCE) <= bl.METRIC_NAMES  # what record_run writes
     assert {"step_time", "peak_mem_allocated", "peak_rss", "accuracy", "throughput"} <= bl.METRIC_NAMES

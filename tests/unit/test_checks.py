@@ -1,4 +1,4 @@
-"""perfsuite.checks: verdicts of single-cell and cross-cell checks on hand-made results."""
+"""perfsuite.judge.checks: verdicts of single-cell and cross-cell checks on hand-made results."""
 
 import json
 import math
@@ -7,11 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from perfsuite import baselines as bl
-from perfsuite import checks as ck
-from perfsuite import launchstats, stats
-from perfsuite.baseline_lookup import Expectation
-from perfsuite.comparing import compare_runs
+from perfsuite import stats
+from perfsuite.judge import baselines as bl
+from perfsuite.judge import checks as ck
+from perfsuite.judge import launchstats
+from perfsuite.judge.comparing import compare_runs
+from perfsuite.judge.lookup import Expectation
 
 PAPER = Path(bl.__file__).resolve().parent.parent / "baselines" / "h100-sxm-94gb-x4-nvlink-paper"
 H100 = "h100-sxm-94gb-x4-nvlink"

@@ -5,11 +5,12 @@ import json
 
 import pytest
 
-from perfsuite import baselines as bl
-from perfsuite import counters, recording
-from perfsuite.baseline_lookup import find_counters
-from perfsuite.checks import WorkCountersUnchanged
-from perfsuite.comparing import compare_runs
+from perfsuite.judge import baselines as bl
+from perfsuite.judge import recording
+from perfsuite.judge.checks import WorkCountersUnchanged
+from perfsuite.judge.comparing import compare_runs
+from perfsuite.judge.lookup import find_counters
+from perfsuite.rank import counters
 
 STACK = {"torch": "2.14.0+cu130", "torchvision": "0.29.2", "torchtune": "0.6.1",
          "torchao": "0.13.0"}
@@ -140,7 +141,7 @@ def test_compare_runs_diffs_counters_across_hardware():
 
 def test_the_counter_detection_benchmark_judges_single_launches(tmp_path, monkeypatch):
     """Launches stood in for: the faults change the counts as the real ones do."""
-    from perfsuite import detection
+    from perfsuite.gate import detection
 
     launched = []
 

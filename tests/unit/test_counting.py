@@ -7,7 +7,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from perfsuite import counting
+from perfsuite.rank import counting
 
 
 def small_step():
@@ -96,9 +96,9 @@ def test_a_real_launch_with_one_extra_allreduce_per_step_fails_against_the_uncha
     does one extra 16-byte all-reduce per step (the ``allreduce`` fault)."""
     from cellkit import tiny_image_cell
 
-    from perfsuite.checks import WorkCountersUnchanged
-    from perfsuite.comparing import compare_runs
-    from perfsuite.launch import LaunchOptions, run_cell
+    from perfsuite.judge.checks import WorkCountersUnchanged
+    from perfsuite.judge.comparing import compare_runs
+    from perfsuite.launch.launch import LaunchOptions, run_cell
 
     cell = tiny_image_cell()
     unchanged = run_cell(cell, tmp_path / "a", LaunchOptions())

@@ -9,7 +9,7 @@ import torch
 from torch.autograd import DeviceType
 from torch.utils._pytree import tree_map
 
-from perfsuite import counting
+from perfsuite.rank import counting
 
 CUDA = torch.device("cuda", 0)
 

@@ -1,7 +1,7 @@
 """Reading a cell's progress, stacks and torchrun's failure table."""
 
-from perfsuite import diagnose
-from perfsuite.meter import Progress
+from perfsuite.launch import diagnose
+from perfsuite.rank.meter import Progress
 
 
 def test_progress_records_are_read_back_with_time_left(tmp_path):

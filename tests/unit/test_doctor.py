@@ -13,8 +13,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from perfsuite import doctor, doctor_facts, hardware
-from perfsuite.cli import main
+from perfsuite import hardware
+from perfsuite.cli.main import main
+from perfsuite.doctor import checks as doctor
+from perfsuite.doctor import facts as doctor_facts
 
 GIB = 2**30
 H100 = "NVIDIA H100 80GB HBM3"

@@ -1,4 +1,4 @@
-"""perfsuite.edivisive, the copy of Apache Otava's change point detection:
+"""perfsuite.history.edivisive, the copy of Apache Otava's change point detection:
 the same points, statistics and p-values as the package, on series of every
 shape the history holds (apache-otava comes with the test extra)."""
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from perfsuite import edivisive
+from perfsuite.history import edivisive
 
 
 def _series(rng: np.random.Generator, n: int, kind: str) -> list[float]:

@@ -12,9 +12,13 @@ import pytest
 import tomllib
 from packaging.requirements import Requirement
 
-from perfsuite import cells, cli, doctor, doctor_facts, extras, launch
-from perfsuite.history import History, HistoryError
-from perfsuite.history_schema import resolve_url
+from perfsuite import cells, extras
+from perfsuite.cli import main as cli
+from perfsuite.doctor import checks as doctor
+from perfsuite.doctor import facts as doctor_facts
+from perfsuite.history.schema import resolve_url
+from perfsuite.history.store import History, HistoryError
+from perfsuite.launch import launch
 
 PYPROJECT = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]
 
@@ -45,7 +49,7 @@ def test_the_plain_install_pins_nothing_exactly_and_brings_no_extra():
     optional = {Requirement(r).name for name, reqs in PYPROJECT["optional-dependencies"].items() for r in reqs
                 if name != "test"}
     assert not names & optional
-    assert "apache-otava" not in names  # it pins numpy==2.2.0: change points are perfsuite.edivisive
+    assert "apache-otava" not in names  # it pins numpy==2.2.0: change points are perfsuite.history.edivisive
     assert not [str(r) for r in required if any(s.operator in ("==", "===") for s in r.specifier)]
 
 
@@ -182,8 +186,8 @@ def test_doctor_warns_of_a_postgresql_history_it_cannot_reach(monkeypatch):
 # -- work counters do not hang on the llm extra for the cells that do not use it ------------
 
 def test_image_counters_match_without_torchtune_and_llm_counters_still_need_it():
-    from perfsuite.baseline_lookup import find_counters
-    from perfsuite.baselines import load_all
+    from perfsuite.judge.baselines import load_all
+    from perfsuite.judge.lookup import find_counters
 
     sets = load_all()
     recorded = {c.cell: c for s in sets for c in s.counters if "torchtune" in c.versions}

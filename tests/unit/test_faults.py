@@ -13,7 +13,7 @@ import time
 import pytest
 from cellkit import survivors, tiny_image_cell
 
-from perfsuite.launch import LaunchOptions, run_cell
+from perfsuite.launch.launch import LaunchOptions, run_cell
 
 pytestmark = pytest.mark.slow
 
@@ -56,7 +56,7 @@ def _default_sigint():
 
 
 def _perfsuite(*args, **kw):
-    return subprocess.Popen([sys.executable, "-m", "perfsuite.cli", *args],
+    return subprocess.Popen([sys.executable, "-m", "perfsuite.cli.main", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             preexec_fn=_default_sigint, **kw)
 

@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from perfsuite import fsutil
-from perfsuite.fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text
+from perfsuite.system import atomic as fsutil
+from perfsuite.system.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
 
 posix_only = pytest.mark.skipif(sys.platform == "win32", reason="POSIX file modes")
 

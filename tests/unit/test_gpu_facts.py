@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from perfsuite import cells, hardware
-from perfsuite.cli import main as cli_main
-from perfsuite.launch import LaunchOptions, run_cell
+from perfsuite.cli.main import main as cli_main
+from perfsuite.launch.launch import LaunchOptions, run_cell
 from perfsuite.runner import Runner, SessionError
 
 pytest_plugins = ["pytester"]
@@ -111,7 +111,7 @@ def no_launch(monkeypatch):
     def launched(cell, opts):
         raise Launched(cell.id)
 
-    monkeypatch.setattr("perfsuite.launch.profiler_mode", launched)
+    monkeypatch.setattr("perfsuite.launch.launch.profiler_mode", launched)
 
 
 @pytest.mark.parametrize("cell_id,present,gpus,reason", [

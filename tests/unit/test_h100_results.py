@@ -1,5 +1,5 @@
 """The first real H100 results through the judging path a run uses
-(perfsuite.judge.judge with perfsuite.checks), on a machine without a GPU.
+(perfsuite.judge.judging.judge with perfsuite.judge.checks), on a machine without a GPU.
 
 On the H100 itself every step-time and work-counter check of these cells was
 skipped ("no comparable baseline on profile h100-80gb-hbm3-80gb-x1-pcie") and
@@ -24,12 +24,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from perfsuite import baselines as bl
-from perfsuite import cells, recording
+from perfsuite import cells
 from perfsuite.cells import Cell
-from perfsuite.checks import FindingRatio
 from perfsuite.hardware import profile_id
-from perfsuite.judge import judge
+from perfsuite.judge import baselines as bl
+from perfsuite.judge import recording
+from perfsuite.judge.checks import FindingRatio
+from perfsuite.judge.judging import judge
 from perfsuite.results import load
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "h100-2026-11-25"

@@ -19,9 +19,15 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
-from perfsuite import cli, cli_history, history, history_changes, history_detection, history_rows, history_schema
+from perfsuite.cli import history as cli_history
+from perfsuite.cli import main as cli
 from perfsuite.hardware import profile_id
-from perfsuite.history import History, HistoryError, record_run_in_history
+from perfsuite.history import changes as history_changes
+from perfsuite.history import detection as history_detection
+from perfsuite.history import rows as history_rows
+from perfsuite.history import schema as history_schema
+from perfsuite.history import store as history
+from perfsuite.history.store import History, HistoryError, record_run_in_history
 
 ENV = {"hostname": "vm", "platform": "Linux", "python": "3.11.7", "cpu_model": "Intel(R) Xeon(R) Processor",
        "cpu_isa": "avx512+bf16", "cpu_cores": 2, "torch": "2.14.0+cu130", "perfsuite": "0.1.0",
@@ -57,7 +63,7 @@ def write_run(root, name, *, started, step=0.1, finished=True, env=ENV, cells=CE
         if r["repeats"] is None:
             del r["repeats"]
         if options:  # as a launch passes workload options to its ranks
-            r["argv"] = ["python", "-m", "perfsuite.worker", *[a for k, v in options.items()
+            r["argv"] = ["python", "-m", "perfsuite.rank.worker", *[a for k, v in options.items()
                                                                for a in ("--option", f"{k}={v}")]]
     data = {"schema": "perfsuite.results/1", "env": env, "cells": results,
             "run": {"started": started, "finished": started + 60 if finished else None, "argv": []}}
@@ -166,7 +172,7 @@ def test_commit_and_branch_default_to_git_then_to_the_runs_env(tmp_path):
 ADDER = textwrap.dedent("""
     import pathlib, sys, time
     from perfsuite import hardware, results
-    from perfsuite.history import record_run_in_history
+    from perfsuite.history.store import record_run_in_history
     results._validator()
     url, barrier, jobs, me, paths = sys.argv[1], pathlib.Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5:]
     (barrier / me).touch()
@@ -483,7 +489,7 @@ def test_a_session_is_stored_with_the_purpose_its_options_and_output_folder_give
                                                                                 capsys):
     """``perfsuite run`` and the pytest plugin add a session through
     ``Runner.add_to_history``; its launches here are conftest's fake ones."""
-    from perfsuite.launch import LaunchOptions
+    from perfsuite.launch.launch import LaunchOptions
     from perfsuite.runner import Runner
     from tests.unit.cellkit import tiny_image_cell
 

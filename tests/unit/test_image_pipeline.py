@@ -9,9 +9,9 @@ import torch
 from torch.utils.data import DataLoader
 from torchvision.transforms.v2 import functional as TF
 
-from perfsuite import judge
 from perfsuite.cells import Cell
-from perfsuite.launch import LaunchOptions, run_cell
+from perfsuite.judge import judging as judge
+from perfsuite.launch.launch import LaunchOptions, run_cell
 from perfsuite.workloads import image, image_data
 from tests.unit.cellkit import tiny_image_cell
 

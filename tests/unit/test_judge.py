@@ -5,7 +5,7 @@ import random
 import pytest
 
 from perfsuite import cells
-from perfsuite.judge import distrust, failures, judge, needs_more_launches
+from perfsuite.judge.judging import distrust, failures, judge, needs_more_launches
 
 
 def measured(cell, samples, accuracy=0.95, env=None):
@@ -38,8 +38,8 @@ def test_insane_measurements_fail():
 def test_step_time_regression_against_a_recorded_baseline(tmp_path):
     """A baseline recorded from 6 launches keeps their spread; one new launch
     is judged with an interval that spread widens."""
-    from perfsuite.baselines import load_all
-    from perfsuite.recording import record_run
+    from perfsuite.judge.baselines import load_all
+    from perfsuite.judge.recording import record_run
     from perfsuite.results import merge_repeats
 
     cell = cells.get("smoke/image/ddp/c2/fp32/px32/nopin/nchw")

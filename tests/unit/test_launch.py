@@ -8,8 +8,9 @@ import sys
 import pytest
 from cellkit import tiny_image_cell
 
-from perfsuite import cells, diagnose, torchrun_options
-from perfsuite.launch import LaunchOptions, run_cell, torchrun_argv
+from perfsuite import cells
+from perfsuite.launch import diagnose, torchrun_options
+from perfsuite.launch.launch import LaunchOptions, run_cell, torchrun_argv
 from perfsuite.runner import Runner
 
 tiny = tiny_image_cell
@@ -60,8 +61,8 @@ def test_session_gpu_set_bounds_what_a_cell_may_use(tmp_path):
 def test_ranks_that_skipped_themselves_make_a_skipped_cell_and_a_skip_beside_an_error_does_not():
     import _pytest.outcomes
 
-    from perfsuite import launch
-    from perfsuite.worker import skip_reason
+    from perfsuite.launch import launch
+    from perfsuite.rank.worker import skip_reason
 
     assert skip_reason(_pytest.outcomes.Skipped("needs NCCL")) == "needs NCCL"
     assert skip_reason(_pytest.outcomes.XFailed("known")) == "known"
@@ -107,7 +108,7 @@ def test_the_launch_command_has_only_options_the_interpreters_torchrun_accepts(
     assert argv[:3] == [sys.executable, "-m", "torch.distributed.run"]
     parsed = torchrun_parser(prefix_template).parse_args(argv[3:])
     # torch 2.11 took an option it lacked for the script to run: python failed with "unknown option"
-    assert parsed.module and parsed.training_script == "perfsuite.worker"
+    assert parsed.module and parsed.training_script == "perfsuite.rank.worker"
     assert parsed.training_script_args[:2] == ["--cell-file", str(tmp_path / "cell.json")]
     assert parsed.tee == "3" and parsed.nproc_per_node == "2"
     assert (f"--log-line-prefix-template={diagnose.RANK_PREFIX}" in argv) is prefix_template

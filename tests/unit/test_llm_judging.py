@@ -12,11 +12,11 @@ import math
 import numpy as np
 import pytest
 
-from perfsuite import baselines as bl
-from perfsuite import checks as ck
-from perfsuite import checks_llm, launchstats, recording
-from perfsuite.baseline_lookup import Expectation, find_time_per_token
 from perfsuite.hardware import profile_id
+from perfsuite.judge import baselines as bl
+from perfsuite.judge import checks as ck
+from perfsuite.judge import checks_llm, launchstats, recording
+from perfsuite.judge.lookup import Expectation, find_time_per_token
 from perfsuite.results import merge_repeats
 
 ENV = {"gpu_name": "NVIDIA H100 80GB HBM3", "gpu_count": 1, "gpu_memory_bytes": 80 * 2**30,

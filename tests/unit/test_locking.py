@@ -9,10 +9,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from perfsuite import recording
-from perfsuite.baselines import BaselineError
 from perfsuite.hardware import profile_id
-from perfsuite.locking import HOLDER_NAME, FolderLock, LockBusy
+from perfsuite.judge import recording
+from perfsuite.judge.baselines import BaselineError
+from perfsuite.system.locking import HOLDER_NAME, FolderLock, LockBusy
 
 ENV = {"cpu_model": "AMD EPYC 9334 32-Core Processor", "cpu_cores": 2, "gpu_count": 0,
        "torch": "2.14.0", "python": "3.12.1", "commit": "abc123"}
@@ -41,7 +41,7 @@ def test_a_held_folder_is_refused_naming_its_holder(tmp_path):
 
 def test_the_lock_of_a_killed_holder_is_taken_over_with_a_message(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from perfsuite.locking import FolderLock; "
+        "import sys, time; from perfsuite.system.locking import FolderLock; "
         f"lock = FolderLock({str(tmp_path)!r}, 'perfsuite run').acquire(); print('held', flush=True); "
         "time.sleep(60)")], stdout=subprocess.PIPE, text=True)
     try:
@@ -61,7 +61,7 @@ def test_the_lock_of_a_killed_holder_is_taken_over_with_a_message(tmp_path):
 
 RECORDER = """
 import json, sys
-from perfsuite import recording
+from perfsuite.judge import recording
 results = json.loads(open(sys.argv[1]).read())
 for i in range(int(sys.argv[3])):
     recording.record_run(results, root=sys.argv[2])

@@ -11,8 +11,9 @@ import types
 
 import pytest
 
-from perfsuite import cells, multinode
-from perfsuite.multinode import Nodes, PlanError
+from perfsuite import cells
+from perfsuite.launch import multinode
+from perfsuite.launch.multinode import Nodes, PlanError
 
 CELL = "smoke/image/ddp/c2/fp32/px32/nopin/nchw"
 
@@ -76,7 +77,7 @@ def test_the_node_whose_launcher_ran_rank_0_owns_the_result_also_under_nsys():
 
 
 def test_a_rank_records_the_launcher_that_started_it(tmp_path, monkeypatch):
-    from perfsuite import worker
+    from perfsuite.rank import worker
 
     # the worker's own process set-up would act on the test process: left out
     monkeypatch.setattr(worker, "die_with_parent", lambda ppid: True)
@@ -97,7 +98,7 @@ def test_a_rank_records_the_launcher_that_started_it(tmp_path, monkeypatch):
 
 
 def _run(*args, env=None):
-    return subprocess.Popen([sys.executable, "-m", "perfsuite.cli", "run", CELL, *args],
+    return subprocess.Popen([sys.executable, "-m", "perfsuite.cli.main", "run", CELL, *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, **(env or {})})
 

@@ -147,7 +147,7 @@ def test_a_header_only_or_empty_csv_is_refused(tmp_path, name, text, why, report
 
 
 def test_cli_profile_of_an_empty_export_exits_2_naming_the_file(tmp_path, capsys):
-    from perfsuite import cli
+    from perfsuite.cli import main as cli
 
     path = tmp_path / "rank0_cuda_gpu_kern_sum.csv"
     path.write_text(HEADERS["cuda_gpu_kern_sum"])
@@ -230,12 +230,12 @@ def test_other_time_units_and_sizes(tmp_path):
 
 def test_profile_argv_is_a_list_with_capture_range_and_rank_report():
     out = rank_report_path("/runs/cell", 3)
-    argv = nsys_profile_argv(["python", "-m", "perfsuite.worker", "--cell", "a b"], out)
+    argv = nsys_profile_argv(["python", "-m", "perfsuite.rank.worker", "--cell", "a b"], out)
     assert argv[:2] == ["nsys", "profile"]
     assert argv[argv.index("--output") + 1] == "/runs/cell/rank3"
     assert "--capture-range=cudaProfilerApi" in argv and "--capture-range-end=stop" in argv
     assert "--trace=cuda,nvtx,osrt,cublas,cudnn" in argv
-    assert argv[-5:] == ["python", "-m", "perfsuite.worker", "--cell", "a b"]
+    assert argv[-5:] == ["python", "-m", "perfsuite.rank.worker", "--cell", "a b"]
     pattern = nsys_profile_argv(["python", "w.py"], f"/runs/cell/{nsys.RANK_OUTPUT_PATTERN}",
                                 capture_range=None)
     assert "/runs/cell/rank%q{RANK}" in pattern and not any("capture-range" in a for a in pattern)
@@ -468,7 +468,7 @@ def test_one_resolver_for_nsys_and_a_bad_PERFSUITE_NSYS_BIN_is_named(tmp_path, m
 def test_torchrun_argv_wraps_ranks_in_the_resolved_nsys(tmp_path, monkeypatch):
     from cellkit import tiny_image_cell
 
-    from perfsuite.launch import LaunchOptions, torchrun_argv
+    from perfsuite.launch.launch import LaunchOptions, torchrun_argv
 
     chosen = _executable(tmp_path / "opt" / "nsys", "#!/bin/sh\n")
     monkeypatch.setenv("PATH", str(tmp_path))
@@ -561,7 +561,7 @@ def _profiled_launch(tmp_path, monkeypatch, leaves: str):
     named by $PERFSUITE_NSYS_BIN, with a decoy `nsys` first on PATH."""
     from cellkit import tiny_image_cell
 
-    from perfsuite import launch
+    from perfsuite.launch import launch
 
     log = tmp_path / "nsys-calls.jsonl"
     fake = _executable(tmp_path / "opt" / "bin" / "nsys", FAKE_NSYS_RANK.format(
@@ -589,7 +589,7 @@ def test_a_profiled_launch_runs_PERFSUITE_NSYS_BIN_into_a_profile_folder_it_made
 def test_a_launch_that_leaves_only_qdstrm_gets_a_torch_profile_from_a_second_launch(tmp_path, monkeypatch):
     """The GPU cell's second, profile-only launch runs here on the CPU (the
     same cell on device "cpu"), under the real torch.profiler."""
-    from perfsuite import launch
+    from perfsuite.launch import launch
     from perfsuite.profiling.fallback import CAPTURES_DIR
 
     real_run_cell, second = launch.run_cell, []
@@ -637,7 +637,7 @@ def _qdstrm_result(profile_dir):
 def test_a_profile_only_launch_that_fails_leaves_the_timings_and_says_so(tmp_path):
     from cellkit import tiny_image_cell
 
-    from perfsuite.launch import LaunchOptions
+    from perfsuite.launch.launch import LaunchOptions
     from perfsuite.profiling.fallback import profile_with_torch
 
     result = _qdstrm_result(tmp_path / "profile")
@@ -658,8 +658,8 @@ def test_a_profile_only_launch_that_fails_leaves_the_timings_and_says_so(tmp_pat
 def test_a_cell_across_nodes_is_not_launched_again(tmp_path):
     from cellkit import tiny_image_cell
 
-    from perfsuite.launch import LaunchOptions
-    from perfsuite.multinode import Nodes
+    from perfsuite.launch.launch import LaunchOptions
+    from perfsuite.launch.multinode import Nodes
     from perfsuite.profiling.fallback import profile_with_torch
 
     result = _qdstrm_result(tmp_path / "profile")

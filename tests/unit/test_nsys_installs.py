@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from perfsuite import doctor, doctor_facts
+from perfsuite.doctor import checks as doctor
+from perfsuite.doctor import facts as doctor_facts
 from perfsuite.profiling import nsys
 from perfsuite.profiling.nsys_installs import NSIGHT_COMPUTE, NSIGHT_SYSTEMS, SEARCH_ROOT_ENV, installed
 
@@ -69,7 +70,7 @@ def test_nsight_computes_nsys_is_found_and_known_to_leave_qdstrm(root):
 def test_a_profile_cell_on_such_a_machine_goes_to_torch_profiler_from_the_start(root):
     from cellkit import tiny_image_cell
 
-    from perfsuite.launch import LaunchOptions, profiler_mode
+    from perfsuite.launch.launch import LaunchOptions, profiler_mode
 
     bundled = nsight_compute(root)
     mode, note = profiler_mode(tiny_image_cell(device="cuda", world_size=1, profile=True), LaunchOptions())

@@ -10,8 +10,9 @@ import argparse
 
 import pytest
 
-from perfsuite import cli, options, plugin
-from perfsuite.cli import HelpFormatter
+from perfsuite import options, plugin
+from perfsuite.cli import main as cli
+from perfsuite.cli.main import HelpFormatter
 
 # concept: (its one name, dests that mean it, whatever the option is called)
 CONCEPTS = {
@@ -189,7 +190,9 @@ def test_the_launch_statistic_has_one_default_everywhere(tmp_path):
     import json
     import sys
 
-    from perfsuite import ab, baselines, bisect, history_rows, launchstats
+    from perfsuite.gate import ab, bisect
+    from perfsuite.history import rows as history_rows
+    from perfsuite.judge import baselines, launchstats
 
     default = options.DEFAULT_LAUNCH_STATISTIC
     assert options.LAUNCH_STATISTICS == tuple(launchstats.LAUNCH_STATISTICS) and default in options.LAUNCH_STATISTICS
@@ -216,7 +219,7 @@ def test_the_launch_statistic_has_one_default_everywhere(tmp_path):
 
 
 def test_the_shared_vocabularies_match_their_homes():
-    from perfsuite import history_schema
+    from perfsuite.history import schema as history_schema
 
     assert options.HISTORY_PURPOSES == history_schema.PURPOSES
 

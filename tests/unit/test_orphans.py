@@ -19,8 +19,8 @@ import psutil
 import pytest
 from cellkit import tiny_image_cell
 
-from perfsuite import agent, diagnose
-from perfsuite.launch import cell_dir
+from perfsuite.launch import agent, diagnose
+from perfsuite.launch.launch import cell_dir
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is Linux's")
 
@@ -84,7 +84,7 @@ import sys
 from pathlib import Path
 sys.path.insert(0, {unit!r})
 from cellkit import tiny_image_cell
-from perfsuite.launch import LaunchOptions, run_cell
+from perfsuite.launch.launch import LaunchOptions, run_cell
 run_cell(tiny_image_cell(timeout_s=300), Path({out!r}), LaunchOptions(options={{"fault": "hang:1:3"}}))
 """
 
@@ -125,7 +125,7 @@ def test_sigkilled_launcher_leaves_no_process_of_its_hung_cell(tmp_path, fork_ag
 
 WATCHED_RANK = """
 import time
-from perfsuite.worker import watch_launcher
+from perfsuite.rank.worker import watch_launcher
 print("watching" if watch_launcher() is not None else "not watching", flush=True)
 time.sleep(120)
 """
@@ -167,7 +167,7 @@ def test_watchdog_takes_a_reused_pid_for_a_gone_launcher():
 
 
 def test_no_watchdog_for_a_rank_started_by_hand_or_on_another_host():
-    from perfsuite.worker import watch_launcher
+    from perfsuite.rank.worker import watch_launcher
 
     me = launcher_identity(os.getpid())
     assert watch_launcher({}) is None
@@ -180,7 +180,7 @@ def test_no_watchdog_for_a_rank_started_by_hand_or_on_another_host():
 
 DIES_WITH = """
 import ctypes, sys
-from perfsuite import agent
+from perfsuite.launch import agent
 print("set" if agent.die_with_parent(int(sys.argv[1])) else "not set", flush=True)
 sig = ctypes.c_int()
 ctypes.CDLL(None).prctl(2, ctypes.byref(sig), 0, 0, 0)  # PR_GET_PDEATHSIG
@@ -217,7 +217,7 @@ def test_die_with_parent_is_a_no_op_without_prctl(monkeypatch):
 
 def test_a_child_started_with_die_with_me_dies_with_its_parent():
     parent = subprocess.Popen(
-        [sys.executable, "-c", "import subprocess, time; from perfsuite import agent; "
+        [sys.executable, "-c", "import subprocess, time; from perfsuite.launch import agent; "
          "child = subprocess.Popen(['sleep', '120'], preexec_fn=agent.die_with_me()); "
          "print(child.pid, flush=True); time.sleep(120)"],
         cwd=ROOT, stdout=subprocess.PIPE, text=True)

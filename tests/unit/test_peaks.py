@@ -2,7 +2,7 @@
 
 import pytest
 
-from perfsuite import peaks
+from perfsuite.rank import peaks
 
 
 @pytest.mark.parametrize("name, key", [

@@ -14,7 +14,7 @@ to ``unknown``.
 import pytest
 
 from perfsuite import cells
-from perfsuite.launch import LaunchOptions
+from perfsuite.launch.launch import LaunchOptions
 from perfsuite.runner import REMEASURE_ROUNDS, Runner
 from tests.unit.conftest import FakeLaunches, no_baselines
 
@@ -38,13 +38,13 @@ class RecordingLaunches(FakeLaunches):
 def undecided(monkeypatch):
     """Every step-time verdict ``unknown``: the runner's cue to measure more."""
     launches = RecordingLaunches()
-    monkeypatch.setattr("perfsuite.launch.run_cell", launches)
+    monkeypatch.setattr("perfsuite.launch.launch.run_cell", launches)
 
     def judge(cell, result, twin_of=None, sets=None, assessment=None):
         return [{"name": "step_time", "metric": "step_time", "verdict": "unknown",
                  "observed": None, "expected": None, "message": "forced unknown"}]
 
-    monkeypatch.setattr("perfsuite.judge.judge", judge)
+    monkeypatch.setattr("perfsuite.judge.judging.judge", judge)
     return launches
 
 

@@ -7,8 +7,9 @@ import math
 
 import pytest
 
-from perfsuite import detection, recording
-from perfsuite.baseline_lookup import find_expectation
+from perfsuite.gate import detection
+from perfsuite.judge import recording
+from perfsuite.judge.lookup import find_expectation
 from perfsuite.runner import Runner
 from tests.unit.cellkit import tiny_image_cell
 from tests.unit.conftest import CPU_ENV, FakeLaunches, no_baselines
@@ -59,7 +60,7 @@ def test_a_baseline_recorded_from_launches_judges_launch_by_launch(tmp_path, fak
 
 def test_unknown_between_launches_is_measured_with_more_launches(tmp_path, monkeypatch):
     noisy = FakeLaunches(seed=3, launch_sigma=0.08)
-    monkeypatch.setattr("perfsuite.launch.run_cell", noisy)
+    monkeypatch.setattr("perfsuite.launch.launch.run_cell", noisy)
     cell = tiny_image_cell(world_size=1)
     reference = Runner(tmp_path / "ref", probe=False, baselines=no_baselines(tmp_path), repeats=4)
     reference.result(cell)

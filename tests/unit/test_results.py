@@ -44,7 +44,7 @@ def test_step_time_is_the_slowest_rank_per_step():
 
 def gpu_record(rank, samples, busy_s, h2d_s=0.0):
     """A GPU rank's record whose counting window measured ``busy_s`` of device
-    time a step, ``h2d_s`` of it host-to-device copies (perfsuite.counting)."""
+    time a step, ``h2d_s`` of it host-to-device copies (perfsuite.rank.counting)."""
     out = {**record(rank, samples), "device": f"cuda:{rank}"}
     out["counters"] = {"window_steps": 2, "per_step": {"flops": 10}, "unstable": [],
                        "device_time": {"per_step_s": busy_s, "kernels_s": busy_s - h2d_s,
@@ -302,7 +302,7 @@ def test_the_existing_messages_stay(tmp_path):
 @pytest.mark.parametrize("command", [["compare", "{run}", "{run}"], ["report", "{run}"],
                                      ["baseline", "record", "{run}", "--root", "{root}", "--dry-run"]])
 def test_the_commands_name_the_problem_instead_of_a_traceback(tmp_path, capsys, command):
-    from perfsuite.cli import main
+    from perfsuite.cli.main import main
 
     run = broken(tmp_path / "run", lambda d: _set(d, ["cells", 0, "metrics", "step_time", "samples"], ["a"]))
     argv = [a.format(run=run.parent, root=tmp_path / "baselines") for a in command]

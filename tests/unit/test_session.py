@@ -9,8 +9,8 @@ import os
 
 import pytest
 
-from perfsuite import judge as judge_mod
-from perfsuite.baselines import BaselineError
+from perfsuite.judge import judging as judge_mod
+from perfsuite.judge.baselines import BaselineError
 from perfsuite.runner import Runner, SessionError
 from tests.unit.cellkit import tiny_image_cell
 
@@ -48,7 +48,7 @@ def test_a_check_that_crashes_keeps_the_measured_cell(tmp_path, fake, monkeypatc
     assert [c["id"] for c in saved] == [CELL.id] and saved[0]["status"] == "ok"
     assert saved[0]["metrics"]["step_time"]["samples"] == result["metrics"]["step_time"]["samples"]
     check = saved[0]["checks"][0]
-    assert check["name"] == "perfsuite.judge" and check["verdict"] == "fail"
+    assert check["name"] == "perfsuite.judge.judging" and check["verdict"] == "fail"
     assert "judging failed: KeyError" in check["message"]
 
 
@@ -86,7 +86,7 @@ def test_a_full_disk_is_found_before_the_first_launch(tmp_path, fake, monkeypatc
     def full(path, text):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr("perfsuite.fsutil.atomic_write_text", full)
+    monkeypatch.setattr("perfsuite.system.atomic.atomic_write_text", full)
     with pytest.raises(SessionError, match="cannot write there .No space left on device"):
         session(tmp_path / "out").result(CELL)
     assert fake.calls == []

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from perfsuite import launchstats, stats
+from perfsuite import stats
+from perfsuite.judge import launchstats
 
 
 def lognormal(seed, n, scale=1.0, sigma=0.05):

@@ -5,7 +5,7 @@ import copy
 import shutil
 from pathlib import Path
 
-from perfsuite import cli
+from perfsuite.cli import main as cli
 from perfsuite.report import markdown
 from perfsuite.results import load
 

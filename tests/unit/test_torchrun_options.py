@@ -10,9 +10,9 @@ import textwrap
 import pytest
 from cellkit import tiny_image_cell
 
-from perfsuite import torchrun_options
-from perfsuite.launch import LaunchOptions, torchrun_argv
-from perfsuite.torchrun_options import LINE_PREFIX_TEMPLATE
+from perfsuite.launch import torchrun_options
+from perfsuite.launch.launch import LaunchOptions, torchrun_argv
+from perfsuite.launch.torchrun_options import LINE_PREFIX_TEMPLATE
 
 
 @pytest.fixture(autouse=True)

@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from perfsuite import cli
+from perfsuite.cli import main as cli
 from perfsuite.hardware import profile_id
-from perfsuite.history import History
+from perfsuite.history.store import History
 from perfsuite.report import html as report_html
 from perfsuite.report import trends
 from tests.unit.test_history import ENV, write_run

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from perfsuite import options
-from perfsuite.history import History
+from perfsuite.history.store import History
 from perfsuite.report import trends
 from tests.unit.test_history import write_run
 

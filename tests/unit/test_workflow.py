@@ -77,7 +77,7 @@ def tier() -> dict[str, Cell]:
 def twins(cell: Cell) -> frozenset[str]:
     """Full-tier cells this cell's cross-cell checks and findings may measure
     (every applicable check, whether or not a baseline asks for it today)."""
-    from perfsuite.checks import CROSS_CELL, FindingRatio
+    from perfsuite.judge.checks import CROSS_CELL, FindingRatio
 
     if cell.profile:  # a profiled cell's steps carry the profiler: no cross-cell checks
         return frozenset()

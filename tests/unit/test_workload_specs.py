@@ -151,7 +151,7 @@ def test_steps_measure_count_and_report_like_the_built_in_meter(tmp_path):
     import torch
 
     from perfsuite.context import RankContext
-    from perfsuite.meter import Progress
+    from perfsuite.rank.meter import Progress
     from perfsuite.steps import Steps
 
     cell = cells.cell_of_test("tests/test_a.py::test_b", 2)
@@ -193,7 +193,7 @@ def _free_port():
 
 
 def test_worker_runs_a_module_function_and_writes_its_record(project, monkeypatch):
-    from perfsuite import worker
+    from perfsuite.rank import worker
 
     # the worker's own process set-up would act on the test process: left out
     monkeypatch.setattr(worker, "die_with_parent", lambda ppid: True)
@@ -230,9 +230,9 @@ def test_widths(perf_dist, perf_steps, width):
 
 
 def test_a_test_runs_in_the_rank_as_its_own_cell_and_fails_with_its_message(project, monkeypatch):
-    """What the worker does in a rank of a user test (perfsuite.ranktest),
+    """What the worker does in a rank of a user test (perfsuite.plugin.ranktest),
     in this process: pytest on that one test, its own parameters kept."""
-    from perfsuite import worker
+    from perfsuite.rank import worker
 
     (project / "test_rank.py").write_text(RANK_TESTS)
     monkeypatch.setattr(worker, "die_with_parent", lambda ppid: True)

@@ -1,0 +1,304 @@
+"""``perfsuite history``: add, changes, show, report (see perfsuite.history.store and
+perfsuite.history.changes); its detection benchmark is ``perfsuite selftest
+history-detection``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from perfsuite import options
+from perfsuite.cli.exits import emit_json
+
+EXIT_OK, EXIT_REGRESSED, EXIT_USAGE = 0, 1, 2
+# As perfsuite.history.store and history_changes have them (a test checks), without importing them here.
+DEFAULT_METRIC, DEFAULT_MAX_PVALUE, DEFAULT_WINDOW = "step_time", 0.0001, 20
+LAUNCH_STATISTICS, DEFAULT_LAUNCH_STATISTIC = options.LAUNCH_STATISTICS, options.DEFAULT_LAUNCH_STATISTIC
+LAUNCH_STATISTIC_HELP = ("what each launch of a step time gives its run's point: its median step, or its floor "
+                         "(fastest step), for a shared machine whose neighbours only ever add time")
+HISTORY_HELP = ("history store: an SQLite file or any SQLAlchemy URL, e.g. postgresql://user@host/db "
+                "(default: $PERFSUITE_HISTORY, else .perfsuite/history.sqlite)")
+PURPOSES = options.HISTORY_PURPOSES
+INCLUDE_HELP = ("take runs of these purposes too: experiment (an injected fault or a workload option), "
+                "ad-hoc (outside .perfsuite/), all; comma-separated (default: runs only)")
+
+
+def _fail(command: str, err: Exception) -> int:
+    print(f"perfsuite history {command}: {err}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _include(args: argparse.Namespace, command: str) -> tuple[str, ...] | None:
+    from perfsuite.history.store import parse_include
+
+    try:
+        return parse_include(args.include)
+    except ValueError as err:
+        _fail(command, err)
+        return None
+
+
+def _say_left_out(left_out: dict[str, int]) -> None:
+    from perfsuite.history.store import left_out_line
+
+    line = left_out_line(left_out)
+    if line:
+        print(line)
+
+
+def _cmd_add(args: argparse.Namespace) -> int:
+    from perfsuite.history.store import History, HistoryError
+
+    try:
+        with History(args.history) as history:
+            added = history.add_run(args.run, commit=args.commit, branch=args.branch,
+                                    purpose=args.history_purpose)
+    except HistoryError as err:
+        return _fail("add", err)
+    if args.json:
+        from dataclasses import asdict
+
+        emit_json(args, {**asdict(added), "line": added.describe()})
+    else:
+        print(added.describe())
+    return EXIT_OK
+
+
+def _fmt(value: float, unit: str | None) -> str:
+    return f"{value:.6g}{f' {unit}' if unit else ''}"
+
+
+def _change_lines(change) -> list[str]:
+    from perfsuite.history.store import when
+
+    if change.ratio is not None:
+        r = change.ratio
+        size = (f"x{r.estimate:.4f} ({r.low:.4f}-{r.high:.4f}, {r.confidence:.0%} {r.method})")
+    else:
+        size = f"{_fmt(change.last_good.value, None)} -> {_fmt(change.first_bad.value, None)}"
+    before, after = ("last good", "first bad") if change.direction == "regressed" else (
+        "last before", "first after")
+    lines = [f"  {change.direction} {size}, p={change.pvalue:.2g}",
+             f"    {before} {change.last_good.commit[:12]} ({when(change.last_good.time)}, "
+             f"{_fmt(change.last_good.value, change.last_good.unit)})",
+             f"    {after} {change.first_bad.commit[:12]} ({when(change.first_bad.time)}, "
+             f"{_fmt(change.first_bad.value, change.first_bad.unit)})"]
+    if change.counter_lines is None:
+        lines.append("    work counters: not recorded on both runs")
+    elif not change.counter_lines:
+        lines.append("    work counters: unchanged (the same work per step)")
+    else:
+        lines += [f"    work counters: {line}" for line in change.counter_lines]
+    return lines
+
+
+def _cmd_changes(args: argparse.Namespace) -> int:
+    from perfsuite.history.changes import find_changes, regressed_at_head
+    from perfsuite.history.store import History, HistoryError
+
+    if not 0 < args.max_pvalue < 1 or args.min_change < 0 or args.window < 2:
+        return _fail("changes", ValueError("--max-pvalue must lie in (0, 1), --min-change >= 0, "
+                                           "--window >= 2"))
+    include = _include(args, "changes")
+    if include is None:
+        return EXIT_USAGE
+    try:
+        with History(args.history, create=False) as history:
+            series = history.series(cell=args.cell, metric=args.metric, since=args.since,
+                                    branch=args.branch, launch_statistic=args.launch_statistic,
+                                    include=include)
+            left_out = history.left_out(cell=args.cell, metric=args.metric, since=args.since,
+                                        branch=args.branch, include=include)
+    except HistoryError as err:
+        return _fail("changes", err)
+    if not series:
+        if args.cell:  # a name that matches nothing must not pass a nightly gate quietly
+            from perfsuite.history.store import left_out_line
+
+            hint = f"; {left_out_line(left_out)}" if left_out else ""
+            return _fail("changes", LookupError(f"no {args.metric} history of {args.cell}{hint} "
+                                                "(`perfsuite history show` lists a cell's runs)"))
+        if args.json:
+            emit_json(args, {"series": [], "regressed_at_head": [], "left_out": left_out})
+        else:
+            print(f"no {args.metric} history yet")
+            _say_left_out(left_out)
+        return EXIT_OK
+    report, at_head = [], []
+    for (cell, metric, profile), points in series.items():
+        changes = find_changes(points, cell=cell, metric=metric, profile=profile,
+                               max_pvalue=args.max_pvalue, min_change=args.min_change,
+                               window=args.window)
+        if regressed_at_head(changes):
+            at_head.append(changes[-1])
+        report.append((cell, metric, profile, points, changes))
+    if args.json:
+        emit_json(args, {"series": [{"cell": c, "metric": m, "profile": p, "commits": len(points),
+                                     "changes": [ch.to_dict() for ch in changes]}
+                                    for c, m, p, points, changes in report],
+                         "regressed_at_head": [ch.to_dict() for ch in at_head],
+                         "left_out": left_out})
+    else:
+        for cell, metric, profile, points, changes in report:
+            if not changes and not args.verbose:
+                continue
+            print(f"{cell} {metric} [{profile}] {len(points)} commit(s): "
+                  f"{len(changes) or 'no'} change point(s)")
+            for change in changes:
+                print("\n".join(_change_lines(change)))
+        found = sum(len(r[4]) for r in report)
+        print(f"{found} change point(s) in {len(report)} series (Apache Otava E-Divisive, "
+              f"p <= {args.max_pvalue:g}, windows of {args.window})")
+        _say_left_out(left_out)
+        for change in at_head:
+            print(f"REGRESSED at head: {change.cell} {change.metric} [{change.profile}] since "
+                  f"{change.first_bad.commit[:12]}")
+    return EXIT_REGRESSED if at_head else EXIT_OK
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    from perfsuite.history.store import History, HistoryError, left_out_line, when
+
+    include = _include(args, "show")
+    if include is None:
+        return EXIT_USAGE
+    try:
+        with History(args.history, create=False) as history:
+            series = history.series(cell=args.cell, metric=args.metric, since=args.since,
+                                    branch=args.branch, launch_statistic=args.launch_statistic,
+                                    include=include)
+            left_out = history.left_out(cell=args.cell, metric=args.metric, since=args.since,
+                                        branch=args.branch, include=include)
+            known = history.cell_ids() if not series and not left_out else []
+    except HistoryError as err:
+        return _fail("show", err)
+    if not series:
+        import difflib
+
+        close = difflib.get_close_matches(args.cell, known, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        hint += f"; {left_out_line(left_out)}" if left_out else ""
+        return _fail("show", LookupError(f"no {args.metric} history of {args.cell}{hint}"))
+    if args.json:
+        emit_json(args, {"series": [{"cell": cell, "metric": metric, "profile": profile, "points": [
+            {"commit": p.commit, "branch": p.branch, "time": p.time, "value": p.value, "unit": p.unit,
+             "values": p.values, "launches": p.launches, "purposes": sorted(set(p.purposes))} for p in points]}
+            for (cell, metric, profile), points in series.items()], "left_out": left_out})
+        return EXIT_OK
+    for (cell, metric, profile), points in series.items():
+        print(f"{cell} {metric} [{profile}]")
+        print(f"  {'commit':12}  {'time':20}  {'value':>14}  launches  branch")
+        for point in points:
+            runs = f" ({len(point.values)} runs)" if len(point.values) > 1 else ""
+            # with --include, a point that is not (only) meant runs says what it holds
+            marks = sorted({p for p in point.purposes if p != "run"})
+            runs += f" [{', '.join(marks)}]" if marks else ""
+            print(f"  {point.commit[:12]:12}  {when(point.time):20}  "
+                  f"{_fmt(point.value, point.unit):>14}  {point.launches:8}  {point.branch or '-'}{runs}")
+    _say_left_out(left_out)
+    return EXIT_OK
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from perfsuite.history.store import HistoryError
+    from perfsuite.report.trends import write_trends_page
+
+    if not 0 < args.max_pvalue < 1 or args.window < 2:
+        return _fail("report", ValueError("--max-pvalue must lie in (0, 1), --window >= 2"))
+    include = _include(args, "report")
+    if include is None:
+        return EXIT_USAGE
+    cells = args.cell or None
+    try:
+        out, trends = write_trends_page(args.history, args.out, cells, args.metric or [DEFAULT_METRIC],
+                                        since=args.since, branch=args.branch,
+                                        max_pvalue=args.max_pvalue, window=args.window,
+                                        launch_statistic=args.launch_statistic, include=include)
+    except (HistoryError, LookupError) as err:
+        return _fail("report", err)
+    changes = sum(len(t.changes) for t in trends)
+    if args.json:
+        emit_json(args, {"trends": str(out), "cells": len({t.cell for t in trends}), "series": [
+            {"cell": t.cell, "metric": t.metric, "profile": t.profile, "commits": len(t.points),
+             "changes": [c.to_dict() for c in t.changes]} for t in trends]})
+    else:
+        print(f"trends: {out} ({len({t.cell for t in trends})} cell(s), {len(trends)} series, "
+              f"{changes} change point(s))")
+    return EXIT_OK
+
+
+def _store_option(p: argparse.ArgumentParser) -> None:
+    options.add_old_name(p, "--url", p.add_argument("--history", metavar="URL", help=HISTORY_HELP))
+
+
+def _series_options(p: argparse.ArgumentParser) -> None:
+    """Which runs a reader takes and how it values them: changes, show, report."""
+    p.add_argument("--since", metavar="REF", help="only runs from this commit (or date YYYY-MM-DD) on "
+                                                  "(default: every run)")
+    p.add_argument("--branch", metavar="NAME", help="only runs of this branch (default: every branch)")
+    _store_option(p)
+    p.add_argument("--launch-statistic", choices=LAUNCH_STATISTICS, default=DEFAULT_LAUNCH_STATISTIC,
+                   help=LAUNCH_STATISTIC_HELP)
+    p.add_argument("--include", action="append", metavar="PURPOSES", help=INCLUDE_HELP)
+
+
+def add_parsers(subparsers: argparse._SubParsersAction) -> None:
+    """``perfsuite history ...`` on the CLI's subparsers (imports nothing heavy:
+    every perfsuite command builds this parser)."""
+    from perfsuite.cli import selftest as cli_selftest
+
+    parser = subparsers.add_parser("history", help="runs kept per commit; change points in them")
+    sub = parser.add_subparsers(dest="history_command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("add", help="store a finished run (its results.json) in the history")
+    p.add_argument("run", type=Path, help="run directory or results.json")
+    p.add_argument("--commit", metavar="SHA", help="default: git rev-parse HEAD here, else the run's env")
+    p.add_argument("--branch", metavar="NAME", help="default: the branch checked out here")
+    _store_option(p)
+    purpose = p.add_argument("--history-purpose", choices=PURPOSES,
+                             help="mark the run so, also one already stored (default: experiment when its cells "
+                                  "were launched with workload options, else run); an injected fault is always "
+                                  "an experiment")
+    options.add_old_name(p, "--purpose", purpose)
+    p.add_argument("--json", action="store_true", help="print what was stored as JSON")
+    p.set_defaults(func=_cmd_add)
+
+    p = sub.add_parser("changes", help="change points per cell, metric and hardware profile; "
+                                       "exit 1 when the newest run sits after a regression")
+    p.add_argument("--cell", metavar="PATTERN", help="a cell id or a glob, smoke/image/* (default: every cell)")
+    p.add_argument("--metric", default=DEFAULT_METRIC, metavar="NAME", help="the metric of the series")
+    _series_options(p)
+    p.add_argument("--max-pvalue", type=float, default=DEFAULT_MAX_PVALUE,
+                   help="significance of a change point (Otava's t-test)")
+    p.add_argument("--min-change", type=float, default=0.0, metavar="FRACTION",
+                   help="keep a significant change point only beyond this relative size")
+    p.add_argument("--window", type=int, default=DEFAULT_WINDOW, metavar="COMMITS",
+                   help="commits per window of Otava's split step")
+    p.add_argument("--json", action="store_true", help="print the changes as JSON")
+    p.add_argument("-v", "--verbose", action="store_true", help="list series without changes too")
+    p.set_defaults(func=_cmd_changes)
+
+    p = sub.add_parser("show", help="print a cell's series: commit, time, value, per profile")
+    p.add_argument("cell", metavar="CELL", help="a cell id or a glob")
+    p.add_argument("--metric", default=DEFAULT_METRIC, metavar="NAME", help="the metric of the series")
+    _series_options(p)
+    p.add_argument("--json", action="store_true", help="print the series' points as JSON")
+    p.set_defaults(func=_cmd_show)
+
+    p = sub.add_parser("report", help="write the trends page: per cell and metric the values over "
+                                      "commits, change points marked, one series per hardware profile")
+    p.add_argument("--out", type=Path, metavar="PATH",
+                   help="the page (default: trends.html beside the SQLite store, "
+                        ".perfsuite/trends.html for the default one; else ./trends.html)")
+    p.add_argument("--cell", action="append", metavar="PATTERN",
+                   help="a cell id or a glob (smoke/image/*); repeat for more (default: every cell)")
+    p.add_argument("--metric", action="append", metavar="NAME",
+                   help=f"repeat for more (default: {DEFAULT_METRIC})")
+    _series_options(p)
+    p.add_argument("--max-pvalue", type=float, default=DEFAULT_MAX_PVALUE, help="as `history changes`")
+    p.add_argument("--window", type=int, default=DEFAULT_WINDOW, metavar="COMMITS", help="as `history changes`")
+    p.add_argument("--json", action="store_true", help="print the page's path and its series' change points as JSON")
+    p.set_defaults(func=_cmd_report)
+
+    cli_selftest.add_old_command(sub, "detection", "history-detection")

@@ -1,0 +1,167 @@
+"""The ``perfsuite`` command: its parser, ``main``, ``list`` and ``doctor``; every
+other command lives in a ``cli_*`` module of its group, which adds its parser."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from perfsuite import cells as cells_mod
+from perfsuite import options
+from perfsuite.cli import ab as cli_ab
+from perfsuite.cli import history as cli_history
+from perfsuite.cli import results as cli_results
+from perfsuite.cli import run as cli_run
+from perfsuite.cli import selftest as cli_selftest
+from perfsuite.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, UsageProblem, emit_json
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    chosen = cells_mod.select(tier=args.tier, workload=args.workload)
+    if args.json:
+        emit_json(args, [{"id": cell.id, "params": cell.params()} for cell in chosen])
+        return 0
+    for cell in chosen:
+        print(cell.id)
+    return 0
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("perfsuite")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from perfsuite.doctor import checks as doctor
+
+    checks = doctor.run_checks(tier=args.tier, data_dir=args.data_dir)
+    if args.json:
+        emit_json(args, doctor.summary(checks, args.tier))
+    else:
+        print(doctor.text(checks, args.tier))
+    return EXIT_FAILED if any(c.status == doctor.BLOCKER for c in checks) else EXIT_OK
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Epilogs as written, and every option's default: appended where its help
+    does not already say it (a flag's default is being absent)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if ("default" in text or not action.option_strings or default is None or default is False
+                or default is argparse.SUPPRESS or default == []):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+DESCRIPTION = """\
+Measure multi-GPU training cells, judge them against baselines, against each
+other and against their history. Each option --NAME of these commands is
+pytest's --perf-NAME where pytest has it (perfsuite run --history URL, pytest
+--perf-history URL). `perfsuite COMMAND --help` says more."""
+
+EPILOG = """\
+exit codes (run, compare, ab, baseline record, history changes; bisect's: its --help):
+  0    fine: nothing regressed or failed
+  1    a regression, a failed check or a failed cell
+  2    usage or environment error, before anything was measured
+  3    undecided (ab at its cap, compare with no shared cell)
+  130  interrupted; what was measured is kept
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="perfsuite", description=DESCRIPTION, epilog=EPILOG)
+    parser.add_argument("--version", action="version", version=f"perfsuite {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("list", help="print cell ids, one per line")
+    p.add_argument("--tier", default="all", choices=[*cells_mod.TIERS, "all"], help="cells of this tier")
+    p.add_argument("--workload", choices=cells_mod.WORKLOADS, help="cells of this workload (default: every one)")
+    p.add_argument("--json", action="store_true", help="a JSON array of the cells: id and params")
+    p.set_defaults(func=_cmd_list)
+
+    cli_run.add_parser(sub)
+    cli_results.add_compare_parser(sub)
+    cli_ab.add_parsers(sub)
+    cli_results.add_parsers(sub)
+    cli_history.add_parsers(sub)
+
+    p = sub.add_parser("doctor", help="what will and will not work here, before a GPU run: "
+                                      "GPUs, driver, NCCL, nsys, /dev/shm, disk, MNIST",
+                       description="One line per check: ok, warn, or BLOCKER with the fix. "
+                                   "Exit 1 on a blocker, 0 otherwise.")
+    p.add_argument("--tier", choices=cells_mod.TIERS,
+                   help="judge for this tier: gate and full need a GPU, smoke does not "
+                        "(default: say which tiers can run, nothing blocks)")
+    p.add_argument("--data-dir", type=Path,
+                   help="directory with the MNIST IDX files, for the full tier (default: none)")
+    p.add_argument("--json", action="store_true", help="print the checks as JSON")
+    p.set_defaults(func=_cmd_doctor)
+
+    cli_selftest.add_parsers(sub)
+    _every_parser_formats_so(parser)
+    return parser
+
+
+def _every_parser_formats_so(parser: argparse.ArgumentParser) -> None:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                child.formatter_class = HelpFormatter
+                _every_parser_formats_so(child)
+    parser.formatter_class = HelpFormatter
+
+
+def main(argv: list[str] | None = None) -> int:
+    import contextlib
+    import os
+    import signal
+    import threading
+
+    options.forget_said()  # an old name is named once per command
+    args = build_parser().parse_args(argv)
+    if getattr(args, "renamed_command", None):
+        options.say_renamed(*args.renamed_command)
+    # `perfsuite list | head -1`: end of SIGPIPE, quietly, as other command-line
+    # tools do, not in a BrokenPipeError traceback. Only as the console script
+    # (argv None; a caller in-process, pytest included, keeps Python's handling),
+    # and not for the commands that launch ranks: their BrokenPipeError unwinds
+    # through the code that ends the ranks and keeps what was measured, and
+    # ends quietly below.
+    if (argv is None and hasattr(signal, "SIGPIPE") and not getattr(args, "launches_cells", False)
+            and threading.current_thread() is threading.main_thread()):
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    try:
+        if not getattr(args, "json", False):
+            return args.func(args)
+        # --json: stdout carries the command's one JSON document (emit_json),
+        # everything said on the way goes to stderr
+        args.json_out = sys.stdout
+        with contextlib.redirect_stdout(sys.stderr):
+            return args.func(args)
+    except BrokenPipeError:  # the reader went away: nothing more to say, nowhere to say it
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the exit's flush does not complain
+        return 128 + signal.SIGPIPE
+    except (cells_mod.CellError, UsageProblem) as err:
+        print(f"perfsuite: {err}" if isinstance(err, cells_mod.CellError) else str(err),
+              file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as err:  # a file that cannot be read or written: say which, no traceback
+        print(f"perfsuite {args.command}: {err.filename or ''}: {err.strerror or err}",
+              file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"perfsuite {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""``perfsuite run``: measure cells into results.json, print each verdict, write
+the report, add the run to the history; ``--json`` for a summary on stdout."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from perfsuite import cells as cells_mod
+from perfsuite import options
+from perfsuite.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, UsageProblem, emit_json
+
+HISTORY_HELP = ("history store the run is added to: an SQLite file or any SQLAlchemy URL, 'off' for none "
+                "(default: $PERFSUITE_HISTORY, else .perfsuite/history.sqlite)")
+
+
+def add_launch_group(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    """The options that launch cells, the same on run, ab and bisect (and, as
+    --perf-NAME, pytest's)."""
+    group = parser.add_argument_group("launching cells", "the same on run, ab and bisect; pytest's "
+                                                         "--perf-NAME options of the same names")
+    return options.add_launch_options(group.add_argument)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="measure cells: results.json, the verdicts, the report, the history")
+    p.add_argument("ids", nargs="*", metavar="ID", help="cell ids (`perfsuite list` prints them)")
+    p.add_argument("--tier", choices=[*cells_mod.TIERS, "all"], help="every cell of a tier (default: the ids given)")
+    p.add_argument("--workload", choices=cells_mod.WORKLOADS,
+                   help="only cells of this workload (default: every one)")
+    p.add_argument("--out", type=Path, metavar="DIR", help="output directory (default: .perfsuite/run-<time>-<pid>)")
+    launching = add_launch_group(p)
+    options.add_old_name(p, "--profile", launching["profiler"])
+    p.add_argument("--baselines", type=Path, metavar="DIR",
+                   help="baselines root (default: $PERFSUITE_BASELINES, else the project's baselines/)")
+    p.add_argument("--no-probe", action="store_true", help="skip the pre-flight probe")
+    p.add_argument("--repeats", type=int, default=1, metavar="N",
+                   help="launch every cell N times (from 4, verdicts weigh their spread)")
+    p.add_argument("--resume", action="store_true",
+                   help="keep cells an earlier run into --out measured fully")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the run already in --out (refused otherwise)")
+    p.add_argument("--history", metavar="URL", help=HISTORY_HELP)
+    p.add_argument("--history-purpose", choices=options.HISTORY_PURPOSES,
+                   help="mark the stored run so (default: experiment with --option, ad-hoc with an --out "
+                        "outside .perfsuite/ and no store named, else run); an injected fault is always "
+                        "an experiment")
+    p.add_argument("--commit", metavar="SHA",
+                   help="the commit the run is stored under (default: git rev-parse HEAD here, else the "
+                        "run's env)")
+    p.add_argument("--branch", metavar="NAME", help="the branch it is stored under (default: the one "
+                                                    "checked out here, none outside git)")
+    p.add_argument("--fail-on-skipped", action="store_true",
+                   help="exit 1 when a comparison could not be made (no comparable baseline, "
+                        "a skipped cell): for CI, where a green run must have judged something")
+    p.add_argument("--json", action="store_true",
+                   help="print a JSON summary on stdout at the end (results.json's path, each "
+                        "cell's status and failed checks); progress goes to stderr")
+    p.set_defaults(func=cmd_run, launches_cells=True)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from perfsuite.judge.baselines import BaselineError
+    from perfsuite.runner import Runner, SessionError, default_out_dir, handle_sigterm, launch_options
+
+    if not args.ids and not args.tier:
+        raise UsageProblem("perfsuite run: give cell ids or --tier; `perfsuite list` prints ids")
+    chosen = cells_mod.select(tier=args.tier, workload=args.workload, ids=args.ids)
+    try:
+        launch = launch_options(
+            data_dir=args.data_dir, options=args.option, timeout=args.timeout,
+            profiler=args.profiler, gpus=args.gpus, nnodes=args.nnodes,
+            rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id, slurm=args.slurm)
+        if args.repeats < 1:
+            raise ValueError("--repeats must be at least 1")
+    except ValueError as err:
+        raise UsageProblem(f"perfsuite run: {err}") from None
+    gpu_cells = [c.id for c in chosen if c.device == "cuda"]
+    if not args.allow_no_gpu:
+        from perfsuite.hardware import gpu_cells_without_gpu
+
+        problem = gpu_cells_without_gpu(gpu_cells, "--allow-no-gpu")
+        if problem:
+            raise UsageProblem(f"perfsuite run: {problem}")
+    launch.on_progress = lambda cell, line: print(f"    {cell.id}: {line}", flush=True)
+    runner = Runner(args.out or default_out_dir(), launch, resume=args.resume,
+                    repeats=args.repeats, baselines=args.baselines, probe=not args.no_probe,
+                    overwrite=args.overwrite, on_notice=lambda line: print(f"perfsuite: {line}"))
+    runner.allow_no_gpu = args.allow_no_gpu  # read by its pre-flight probe
+    runner.history_purpose = args.history_purpose  # read when it is added to the history
+    try:
+        runner.begin()
+    except (SessionError, BaselineError) as err:
+        raise UsageProblem(f"perfsuite run: {err}") from None
+    handle_sigterm()
+    try:
+        return _run_cells(runner, chosen, args.fail_on_skipped, json_args=args if args.json else None,
+                          history=args.history, commit=args.commit, branch=args.branch)
+    except KeyboardInterrupt as stop:
+        print(f"interrupted ({str(stop) or 'Ctrl-C'}): {len(runner.results)} cell(s) kept in "
+              f"{runner.out_dir / 'results.json'}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # stdout's reader left: main ends quietly
+        raise
+    except OSError as err:  # a full disk, a mount gone read-only
+        print(f"perfsuite run: cannot write the results ({err}); {len(runner.results)} cell(s) "
+              f"measured, each also kept in its cell directory under {runner.out_dir / 'cells'}",
+              file=sys.stderr)
+        return EXIT_USAGE
+    finally:
+        runner.end()
+
+
+def _run_cells(runner, chosen: list, fail_on_skipped: bool, json_args: argparse.Namespace | None = None,
+               history: str | None = "off", commit: str | None = None, branch: str | None = None) -> int:
+    from perfsuite.judge.judging import failures
+    from perfsuite.report import probe_lines, skipped_lines, summary_lines
+
+    bad = 0
+    measured = []
+    for i, cell in enumerate(chosen, 1):
+        print(f"[{i}/{len(chosen)}] {cell.id} ...", flush=True)
+        result = runner.result(cell)
+        measured.append(result)
+        skipped = result["status"] == "skipped" or any(
+            c["verdict"] == "skipped" for c in result.get("checks", []))
+        bad += (result["status"] not in ("ok", "skipped") or bool(failures(result))
+                or (fail_on_skipped and skipped))
+        if i == 1:
+            print("\n".join(probe_lines(runner.probe)), flush=True)
+        print("\n".join("    " + line for line in summary_lines([result])), flush=True)
+    for line in skipped_lines(runner.results):
+        print(line)
+    kept = [r for r in runner.results if not r.get("partner")]
+    code = EXIT_FAILED if bad else EXIT_OK
+    report = history_line = None
+    if not kept:
+        print("no result written here")
+    else:
+        print(f"results: {runner.file.path}")
+        from perfsuite.report.html import write_reports
+
+        report = write_reports(runner.out_dir)["report_html"]
+        print(f"report: {report}")
+        history_line = runner.add_to_history(history, commit=commit, branch=branch)
+        if history_line:
+            print(history_line)
+    if json_args is not None:
+        emit_json(json_args, {
+            "results": str(runner.file.path) if kept else None,
+            "report": str(report) if report else None, "history": history_line, "exit": code,
+            "cells": [{"id": r["id"], "status": r["status"], "reason": r.get("reason"),
+                       "failed_checks": failures(r),
+                       "skipped_checks": [c["name"] for c in r.get("checks", [])
+                                          if c["verdict"] == "skipped"]} for r in measured],
+        })
+    return code
+

@@ -1,0 +1,86 @@
+"""Two runs compared cell by cell: run B judged against run A (``perfsuite
+compare``, and every check but step time in ``perfsuite ab``)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from perfsuite import stats
+from perfsuite.judge.baselines import CounterBaseline, run_cells, run_profile
+from perfsuite.judge.checks import (
+    AccuracyAtLeast,
+    PeakMemoryNotRegressed,
+    StepTimeNotRegressed,
+    WorkCountersUnchanged,
+    _metric,
+    _skip,
+)
+from perfsuite.judge.lookup import Expectation
+
+
+def _env_profile(results: Mapping[str, Any]) -> str | None:
+    try:
+        return run_profile(results)
+    except (ImportError, ValueError):
+        return None
+
+
+def compare_runs(results_a: Mapping[str, Any], results_b: Mapping[str, Any], *,
+                 tolerance: float = stats.DEFAULT_TOLERANCE,
+                 confidence: float = stats.DEFAULT_CONFIDENCE,
+                 allow_other_hardware: bool = False,
+                 launch_statistic: str = "median") -> list[dict[str, Any]]:
+    """Run B judged against run A (the reference), cell by cell.
+
+    Step time by launches (each launch's ``launch_statistic``; one launch a
+    side is "unknown": nothing tells drift from change), peak memory by
+    value, accuracy against A's less 2%, work counters exactly (on any
+    hardware: what a step does is not a property of the machine).
+    Absolute metrics of runs on different hardware profiles are skipped with
+    the reason unless ``allow_other_hardware``.
+    """
+    cells_a = {c["id"]: c for c in run_cells(results_a)}
+    cells_b = {c["id"]: c for c in run_cells(results_b)}
+    prof_a, prof_b = _env_profile(results_a), _env_profile(results_b)
+    same_hw = allow_other_hardware or prof_a == prof_b
+    out = []
+    for cell_id in sorted(set(cells_a) | set(cells_b)):
+        a, b = cells_a.get(cell_id), cells_b.get(cell_id)
+        if a is None or b is None:
+            side = "A" if b is None else "B"
+            out.append(_skip("compare", "step_time", f"cell only in run {side}", cell_id).to_dict())
+            continue
+        if not same_hw:
+            msg = f"no comparable baseline: run A on {prof_a}, run B on {prof_b}"
+            out.append(_skip("step_time", "step_time", msg, cell_id).to_dict())
+        else:
+            base_samples = _metric(a, "step_time").get("samples") or []
+            base_launches = tuple(map(tuple, _metric(a, "step_time").get("launches") or []))
+            exp = (Expectation("step_time", None, tolerance=tolerance, samples=tuple(base_samples),
+                               launches=base_launches if len(base_launches) > 1 else (),
+                               launch_statistic=launch_statistic,
+                               source=f"run A cell {cell_id}") if base_samples else
+                   Expectation("step_time", reason="run A has no step-time samples"))
+            if a.get("status") != "ok":
+                exp = Expectation("step_time", reason=f"run A cell has status {a.get('status')}")
+            out.append(StepTimeNotRegressed(exp, confidence=confidence).evaluate(b).to_dict())
+            for metric in ("peak_mem_allocated", "peak_mem_reserved", "peak_rss"):
+                value = _metric(a, metric).get("value")
+                if a.get("status") == "ok" and isinstance(value, (int, float)) and value > 0:
+                    check = PeakMemoryNotRegressed(value=float(value), tolerance=tolerance,
+                                                   metric=metric)
+                    out.append(check.evaluate(b).to_dict())
+        if a.get("counters") and a.get("status") == "ok":
+            base = CounterBaseline(cell_id, {}, {}, a["counters"]["per_step"],
+                                   unstable=tuple(a["counters"].get("unstable", [])),
+                                   source=f"run A cell {cell_id}")
+            out.append(WorkCountersUnchanged(base).evaluate(b).to_dict())
+        acc = _metric(a, "accuracy").get("value")
+        if a.get("status") == "ok" and isinstance(acc, (int, float)) and math.isfinite(acc):
+            check = AccuracyAtLeast(max(0.0, acc * 0.98), source=f"run A accuracy {acc:.4f} - 2%")
+            out.append(check.evaluate(b).to_dict())
+    for entry in out:
+        entry.setdefault("cell", None)
+    return out

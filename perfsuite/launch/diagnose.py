@@ -1,0 +1,185 @@
+"""Why a cell failed: per-rank exit codes, output tails, progress and stacks.
+
+Read after the fact from the cell directory and torchrun's output, so the
+launcher stays a thin wrapper around torch.distributed.run:
+
+- ``output.log``: every rank's output, each line prefixed by torchrun's
+  ``--tee``: ``[rank<N>]: `` where its ``--log-line-prefix-template`` is
+  there (perfsuite.launch.launch asks each torchrun), else its default
+  ``[default<local rank>]:``; and torchrun's own failure table (rank, exit code);
+- ``progress-rank<N>``: the step and phase a rank last entered;
+- ``stacks-rank<N>.txt``: every thread's Python stack, dumped by the rank's
+  faulthandler when the launcher sends SIGUSR1 to a stuck cell.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from pathlib import Path
+from typing import Any
+
+RANK_PREFIX = "[rank${rank}]: "  # torchrun's --log-line-prefix-template
+# The template names the global rank; torchrun's default prefix (no template,
+# as in torch 2.11) names the role, "default" unless --role, and the local rank,
+# with no space after its colon: a traceback's indent stays as printed.
+_PREFIXED = re.compile(r"^\[(?:(rank)(\d+)\]: ?|(default)(\d+)\]:)(.*)$")
+_FAILURE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
+# Frames of a rank that waits for its peers rather than being the one stuck.
+# A rank's error that only says a peer went away: not the root cause.
+_PEER_FAILURE = re.compile(r"Connection closed|Connection reset by peer|remote worker|"
+                           r"remote process|communicator was aborted|Watchdog caught|"
+                           r"NCCL error.*remote|Broken pipe", re.IGNORECASE)
+_WAITING = re.compile(r"all_reduce|allreduce|barrier|broadcast|all_gather|reduce_scatter|"
+                      r"_wait|wait\b|synchronize|distributed_c10d|_sync_buffers|"
+                      r"_pre_forward|_post_forward|_run_ddp_forward|backward")
+
+
+def is_peer_failure(message: str) -> bool:
+    """Whether a rank's error only says a peer went away (not the root cause)."""
+    return bool(_PEER_FAILURE.search(message or ""))
+
+
+def signal_name(code: int | None) -> str | None:
+    if code is None or code >= 0:
+        return None
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def rank_tails(log_text: str, lines: int = 25, nnodes: int = 1) -> dict[int, str]:
+    """The last lines each rank printed.
+
+    On one node a local rank is the rank. On several, a default prefix's
+    local rank could be any node's (which node holds which ranks is the
+    rendezvous' choice), so those lines are left to the output tail and only
+    template-prefixed lines are given to a rank.
+    """
+    per_rank: dict[int, list[str]] = {}
+    for line in log_text.splitlines():
+        m = _PREFIXED.match(line)
+        if m and (m.group(1) or nnodes == 1):
+            per_rank.setdefault(int(m.group(2) or m.group(4)), []).append(m.group(5))
+    return {rank: "\n".join(out[-lines:]) for rank, out in sorted(per_rank.items())}
+
+
+def exit_codes(log_text: str) -> dict[int, int]:
+    """Exit code per failed rank, from torchrun's failure table."""
+    return {int(rank): int(code) for rank, code in _FAILURE.findall(log_text)}
+
+
+def root_cause_rank(log_text: str) -> int | None:
+    _, _, after = log_text.partition("Root Cause (first observed failure)")
+    found = _FAILURE.search(after)
+    return int(found.group(1)) if found else None
+
+
+def read_progress(directory: Path) -> dict[int, dict[str, Any]]:
+    out = {}
+    for path in Path(directory).glob("progress-rank*"):
+        try:
+            fields = path.read_text().split()
+            out[int(path.name.removeprefix("progress-rank"))] = {
+                "step": int(fields[0]), "time": float(fields[1]), "phase": fields[2],
+                "total": int(fields[3]) if len(fields) > 3 else 0}
+        except (OSError, ValueError):
+            continue  # a rank that died mid-write: no progress known
+    return out
+
+
+def read_stacks(directory: Path) -> dict[int, str]:
+    out = {}
+    for path in Path(directory).glob("stacks-rank*.txt"):
+        text = path.read_text(errors="replace").strip()
+        if text:
+            out[int(path.stem.removeprefix("stacks-rank"))] = text
+    return out
+
+
+def _main_thread_top(stack: str) -> str:
+    """The innermost frame of the thread faulthandler calls 'most recent call first'."""
+    blocks = re.split(r"\n(?=(?:Current thread|Thread) 0x)", stack)
+    main = next((b for b in blocks if b.startswith("Current thread")), blocks[-1])
+    frames = [ln.strip() for ln in main.splitlines()[1:] if ln.strip().startswith("File")]
+    return frames[0] if frames else "no Python frame"
+
+
+class ProgressWatch:
+    """Lines like "rank 0 step 120/938 (train), ~3.1 min left" for a running cell."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._first: dict[int, tuple[float, int]] = {}
+
+    def line(self) -> str | None:
+        progress = read_progress(self.directory)
+        if not progress:
+            return None
+        parts = []
+        for rank, p in sorted(progress.items()):
+            first_time, first_step = self._first.setdefault(rank, (p["time"], p["step"]))
+            text = f"rank {rank} step {p['step']}" + (f"/{p['total']}" if p["total"] else "")
+            text += f" ({p['phase']})"
+            done = p["step"] - first_step
+            if p["total"] and done > 0:
+                left = (p["total"] - p["step"]) * (p["time"] - first_time) / done
+                text += f", ~{left / 60:.1f} min left"
+            parts.append(text)
+        return "; ".join(parts)
+
+
+def hang_report(processes: int, progress: dict[int, dict], stacks: dict[int, str]) -> str:
+    """Which rank is stuck at which step, and where the others wait."""
+    if not progress:
+        return "no rank reported progress: the cell hung before its first step"
+    steps = {r: p["step"] for r, p in progress.items()}
+    lowest = min(steps.values())
+    behind = [r for r, s in steps.items() if s == lowest]
+    silent = [r for r in range(processes) if r not in progress]
+    stuck = [r for r in behind if r in stacks and not _WAITING.search(stacks[r])]
+    culprits = silent or stuck or behind
+    parts = [f"rank {r} hung at step {steps.get(r, 0)}"
+             + (f" in {progress[r]['phase']}" if r in progress else " before its first step")
+             + (f" ({_main_thread_top(stacks[r])})" if r in stacks else "")
+             for r in culprits]
+    waiting = [r for r in sorted(steps) if r not in culprits]
+    if waiting:
+        parts.append("waiting: " + ", ".join(
+            f"rank {r} at step {steps[r]} ({_main_thread_top(stacks[r]) if r in stacks else 'no stack'})"
+            for r in waiting))
+    return "; ".join(parts)
+
+
+def crash_report(log_text: str, records: list[dict | None],
+                 nnodes: int = 1) -> tuple[str, dict[int, Any]]:
+    """A reason naming the first failed rank, and per-rank exit facts."""
+    codes = exit_codes(log_text)
+    tails = rank_tails(log_text, nnodes=nnodes)
+    ranks: dict[int, Any] = {}
+    for rank in range(len(records)):
+        code = codes.get(rank)
+        ranks[rank] = {"exit_code": code, "signal": signal_name(code), "tail": tails.get(rank, "")}
+    first = root_cause_rank(log_text)
+    failed = [r for r, rec in enumerate(records) if rec and rec.get("status") == "error"]
+    own = [r for r in failed if not _PEER_FAILURE.search(records[r]["error"].get("message", ""))]
+    missing = [r for r, rec in enumerate(records) if rec is None]
+    if own or (failed and not missing):  # the rank whose own error came first
+        rank = min(own or failed, key=lambda r: records[r].get("finished", 0.0))
+        err = records[rank]["error"]
+        reason = f"rank {rank} failed: {err.get('type')}: {err.get('message')}"
+        if err.get("oom"):
+            reason = (f"rank {rank} ran out of CUDA memory (peak allocated "
+                      f"{err.get('peak_mem_allocated', 0) / 2**30:.2f} GiB, reserved "
+                      f"{err.get('peak_mem_reserved', 0) / 2**30:.2f} GiB): {err.get('message')}")
+        return reason, ranks
+    if missing:  # a rank died without a word; the others only lost their peer
+        first = first if first in missing else missing[0]
+    rank = first
+    if rank is None:
+        return "torch.distributed.run failed; see output.log", ranks
+    code = ranks.get(rank, {}).get("exit_code")
+    how = (f"killed by {signal_name(code)}" if signal_name(code)
+           else f"exit code {code}" if code is not None else "exit code unknown")
+    return f"rank {rank} died without a result ({how})", ranks

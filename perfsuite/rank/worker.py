@@ -1,0 +1,206 @@
+"""One rank of a cell: the module torch.distributed.run starts.
+
+    python -m torch.distributed.run ... -m perfsuite.rank.worker --cell-file F --out DIR
+
+It runs the cell's workload and writes ``rank<N>.json`` (a rank record) into
+the cell directory, also when the workload fails, so the launcher can report
+which rank failed and why. The workload is whatever the cell's spec names,
+found by one resolver (``perfsuite.specs``): a built-in name, a
+``module:function``, an entry point of ``perfsuite.workloads``, or a pytest
+test run here (``perfsuite.plugin.ranktest``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import importlib
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+from perfsuite.cells import Cell
+from perfsuite.context import RankContext
+from perfsuite.launch.agent import die_with_parent
+from perfsuite.specs import resolve
+from perfsuite.system.atomic import atomic_write_json
+
+RECORD_SCHEMA = "perfsuite.rank/1"
+LAUNCHER_POLL_S = 0.5
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="perfsuite.rank.worker")
+    parser.add_argument("--cell-file", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--data-dir", type=Path, default=None)
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE")
+    return parser.parse_args(argv)
+
+
+def _oom_facts(err: BaseException, ctx: RankContext) -> dict:
+    """For CUDA out-of-memory: say so, with the peak reached before it."""
+    import torch
+
+    if not isinstance(err, torch.OutOfMemoryError) or not ctx.device.startswith("cuda"):
+        return {}
+    return {"oom": True,
+            "peak_mem_allocated": torch.cuda.max_memory_allocated(ctx.device),
+            "peak_mem_reserved": torch.cuda.max_memory_reserved(ctx.device),
+            "device_memory": torch.cuda.get_device_properties(ctx.device).total_memory}
+
+
+def _launcher(pid: int, started: float):
+    """psutil's Process of the launcher ``pid`` started at ``started`` (its
+    create_time); None when it is gone: no such pid, a zombie (a launcher
+    killed and not yet reaped), or a process started at another time (one
+    given the launcher's pid since)."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        if abs(proc.create_time() - started) < 1.0 and proc.status() != psutil.STATUS_ZOMBIE:
+            return proc
+    except psutil.Error:
+        pass
+    return None
+
+
+def _watch(proc) -> None:
+    import psutil
+
+    while True:
+        try:
+            if not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE:
+                break
+        except psutil.Error:
+            break
+        time.sleep(LAUNCHER_POLL_S)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def watch_launcher(environ: dict[str, str] | None = None) -> threading.Thread | None:
+    """End this rank with SIGKILL once its launcher is gone; the watching thread.
+
+    The parent-death signal ends a rank with its torchrun agent, and the agent
+    with the launcher; a rank under ``nsys profile`` has nsys for its parent,
+    which lives on. The launcher's pid and start time come from the launch's
+    environment (``perfsuite.launch.launch.launcher_env``): None (no watching) for a
+    rank started by hand, and on a node other than the launcher's, where its
+    pid names nothing. The thread sleeps between two looks at /proc (tens of
+    microseconds, the GIL held for no longer): no busy loop next to the steps
+    it would slow down. A rank stuck in native code that holds the GIL is not
+    seen to; the parent-death signal still is.
+    """
+    env = os.environ if environ is None else environ
+    try:
+        pid, started = int(env["PERFSUITE_LAUNCHER_PID"]), float(env["PERFSUITE_LAUNCHER_START"])
+    except (KeyError, ValueError):
+        return None
+    if env.get("PERFSUITE_LAUNCHER_HOST") != socket.gethostname():
+        return None
+    launcher = _launcher(pid, started)
+    if launcher is None:
+        os.kill(os.getpid(), signal.SIGKILL)
+    # From here on psutil tells that very process by its pid and its start in
+    # ticks since boot, which a change of the clock leaves alone.
+    thread = threading.Thread(target=_watch, args=(launcher,), daemon=True,
+                              name="perfsuite-launcher-watch")
+    thread.start()
+    return thread
+
+
+def skip_reason(err: BaseException) -> str | None:
+    """The reason of a ``pytest.skip`` (or of ``pytest.xfail``) raised by the
+    workload, else None; pytest itself need not be imported to tell."""
+    kind = type(err)  # pytest's Skipped says its module is builtins; its base does not
+    pytest_outcome = any(c.__module__ == "_pytest.outcomes" and c.__name__ == "OutcomeException"
+                         for c in kind.__mro__)
+    if pytest_outcome and kind.__name__ in ("Skipped", "XFailed"):
+        return getattr(err, "msg", None) or str(err) or kind.__name__
+    return None
+
+
+def _end_process_group() -> None:
+    """A workload that left its process group up (one's own may): every rank
+    gets here, so they meet once more and end it."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    # First of all, before torch's seconds of imports: a rank ends with its
+    # torchrun agent (or nsys), and with the launcher even where that is not
+    # its parent. (Its parent now is the one that started it but for one gone
+    # during these milliseconds since exec; the watchdog sees to that case.)
+    die_with_parent(os.getppid())
+    watch_launcher()
+    from perfsuite.rank.meter import Progress  # imports torch
+
+    args = parse_args(argv)
+    cell = Cell.from_params(json.loads(args.cell_file.read_text()))
+    options = dict(opt.split("=", 1) for opt in args.option)
+    ctx = RankContext.from_env(cell.device, args.out, args.data_dir, options)
+    # A launcher that finds a cell stuck sends SIGUSR1 first: every thread's
+    # Python stack goes to this rank's file, which becomes part of the result.
+    stacks = open(args.out / f"stacks-rank{ctx.rank}.txt", "w")  # noqa: SIM115 - lives with the process
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+    ctx.progress = Progress(args.out / f"progress-rank{ctx.rank}")
+    ctx.report_progress(0, "start")
+    record: dict = {"schema": RECORD_SCHEMA, "cell": cell.id, "rank": ctx.rank,
+                    "world_size": ctx.world_size, "local_rank": ctx.local_rank,
+                    "device": ctx.device, "pid": os.getpid(), "started": time.time(),
+                    # which torchrun agent ran this rank, and for which launch
+                    "agent_pid": os.getppid(), "host": socket.gethostname(),
+                    "launcher": {"host": os.environ.get("PERFSUITE_LAUNCHER_HOST"),  # owner of the
+                                 "pid": os.environ.get("PERFSUITE_LAUNCHER_PID")},  # result (multinode)
+                    "run_token": os.environ.get("PERFSUITE_RUN_TOKEN")}
+    status = 0
+    try:
+        if ctx.rank == 0:
+            from perfsuite.hardware import fingerprint
+            record["env"] = fingerprint()
+        run = resolve(cell.workload, importlib.import_module)
+        record["workload_imported"] = time.time()
+        measured = run(cell, ctx)
+        if not isinstance(measured, dict):
+            raise TypeError(f"workload {cell.workload!r} returned {type(measured).__name__}, not "
+                            "its record (a dict: metrics, steps, ...; perfsuite.steps.Steps.record())")
+        record.update(measured)
+        _end_process_group()
+        record["status"] = "ok"
+    except BaseException as err:  # noqa: BLE001 - the record must say what happened
+        skipped = skip_reason(err)
+        if skipped is not None:  # the workload's own pytest.skip: not a failure
+            record["status"], record["reason"] = "skipped", skipped
+            record["finished"] = time.time()
+            atomic_write_json(args.out / f"rank{ctx.rank}.json", record)
+            return 0
+        record["status"] = "error"
+        record["error"] = {"type": type(err).__name__, "message": str(err),
+                           "traceback": traceback.format_exc(), **_oom_facts(err, ctx)}
+        status = 1
+    record["finished"] = time.time()
+    atomic_write_json(args.out / f"rank{ctx.rank}.json", record)
+    if status:
+        print(record["error"]["traceback"], file=sys.stderr, flush=True)
+    return status
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # The record is written and the process group destroyed: skip the
+    # interpreter's finalisation (tearing down torch's modules), which is
+    # pure launch overhead: ~1 s of every launch on the 2-core machine.
+    os._exit(code)
