@@ -41,6 +41,13 @@ LAUNCH_STATISTIC_HELP = ("what each launch contributes to a step-time verdict: i
 
 PROFILERS = ("nsys", "torch", "off")
 HISTORY_PURPOSES = ("run", "experiment", "ad-hoc")  # perfsuite.history.schema.PURPOSES (a test checks)
+# The history's readers, as perfsuite.history.store and .changes have them (a
+# test checks), for parsers that must not import them.
+DEFAULT_METRIC, DEFAULT_MAX_PVALUE, DEFAULT_WINDOW = "step_time", 0.0001, 20
+HISTORY_HELP = ("history store: an SQLite file or any SQLAlchemy URL, e.g. postgresql://user@host/db "
+                "(default: $PERFSUITE_HISTORY, else .perfsuite/history.sqlite)")
+INCLUDE_HELP = ("take runs of these purposes too: experiment (an injected fault or a workload option), "
+                "ad-hoc (outside .perfsuite/), all; comma-separated (default: runs only)")
 
 _said: set[str] = set()
 

@@ -242,7 +242,7 @@ class Runner:
         except Exception as err:  # noqa: BLE001 - the measurement stands, the check says why
             import traceback
 
-            return [{"name": "perfsuite.judge.judging", "verdict": "fail", "observed": None,
+            return [{"name": "perfsuite.judge", "verdict": "fail", "observed": None,
                      "expected": "every check evaluated",
                      "message": f"judging failed: {type(err).__name__}: {err}",
                      "traceback": traceback.format_exc()}]
@@ -294,7 +294,7 @@ class Runner:
                        branch: str | None = None) -> str | None:
         """Keep this run in the history at ``url`` (None: $PERFSUITE_HISTORY,
         else the default SQLite file; "off": none), marked with its purpose
-        (``perfsuite.history.store.run_purpose``: its workload options, output folder,
+        (``perfsuite.history.purpose.run_purpose``: its workload options, output folder,
         and ``history_purpose`` when one was asked for); the line saying where
         and how, or why it was not kept. ``commit``, ``branch``: what it is stored
         under (default: git's here, the commit then the run's env)."""

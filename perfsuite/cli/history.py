@@ -10,18 +10,13 @@ from pathlib import Path
 
 from perfsuite import options
 from perfsuite.cli.exits import emit_json
+from perfsuite.options import DEFAULT_MAX_PVALUE, DEFAULT_METRIC, DEFAULT_WINDOW, HISTORY_HELP, INCLUDE_HELP
 
 EXIT_OK, EXIT_REGRESSED, EXIT_USAGE = 0, 1, 2
-# As perfsuite.history.store and history_changes have them (a test checks), without importing them here.
-DEFAULT_METRIC, DEFAULT_MAX_PVALUE, DEFAULT_WINDOW = "step_time", 0.0001, 20
 LAUNCH_STATISTICS, DEFAULT_LAUNCH_STATISTIC = options.LAUNCH_STATISTICS, options.DEFAULT_LAUNCH_STATISTIC
 LAUNCH_STATISTIC_HELP = ("what each launch of a step time gives its run's point: its median step, or its floor "
                          "(fastest step), for a shared machine whose neighbours only ever add time")
-HISTORY_HELP = ("history store: an SQLite file or any SQLAlchemy URL, e.g. postgresql://user@host/db "
-                "(default: $PERFSUITE_HISTORY, else .perfsuite/history.sqlite)")
 PURPOSES = options.HISTORY_PURPOSES
-INCLUDE_HELP = ("take runs of these purposes too: experiment (an injected fault or a workload option), "
-                "ad-hoc (outside .perfsuite/), all; comma-separated (default: runs only)")
 
 
 def _fail(command: str, err: Exception) -> int:
@@ -202,7 +197,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from perfsuite.history.store import HistoryError
-    from perfsuite.report.trends import write_trends_page
+    from perfsuite.report.trends_page import write_trends_page
 
     if not 0 < args.max_pvalue < 1 or args.window < 2:
         return _fail("report", ValueError("--max-pvalue must lie in (0, 1), --window >= 2"))

@@ -15,7 +15,7 @@ from typing import Any
 
 from perfsuite import options
 from perfsuite.cli.exits import EXIT_OK, EXIT_USAGE, emit_json
-from perfsuite.cli.history import DEFAULT_MAX_PVALUE, HISTORY_HELP, INCLUDE_HELP
+from perfsuite.options import DEFAULT_MAX_PVALUE, HISTORY_HELP, INCLUDE_HELP
 
 COMMANDS = {  # subcommand: (its one-line help, its old command)
     "verdict-detection": ("false alarms and detection power of the verdicts (step time, work counters, "

@@ -24,8 +24,6 @@ one; why torch sees no GPU is ``hardware.why_no_gpu``'s answer, as for
 
 from __future__ import annotations
 
-import gzip
-import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -300,37 +298,6 @@ def check_disk(tier: str | None, cells: list) -> Check:
                  "checkpoint: --option llm_checkpoint_dir=DIR")
 
 
-def _idx_problem(path: Path, ndim: int) -> tuple[str | None, int]:
-    """Why an IDX file cannot be used, read from its header and size (not its
-    data), and the count it holds."""
-    try:
-        with open(path, "rb") as raw:
-            gzipped = raw.read(2) == b"\x1f\x8b"
-        opener = gzip.open if gzipped else open
-        with opener(path, "rb") as f:
-            header = f.read(4 + 4 * ndim)
-    except (OSError, EOFError) as err:
-        return f"cannot read it ({getattr(err, 'strerror', None) or err})", 0
-    if len(header) < 4 or header[:2] != b"\x00\x00" or header[2] != 0x08:
-        return "not an unsigned-byte IDX file (bad magic number)", 0
-    if header[3] != ndim or len(header) < 4 + 4 * ndim:
-        return f"{header[3]} dimensions, {'images' if ndim == 3 else 'labels'} need {ndim}", 0
-    shape = [int.from_bytes(header[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
-    expected = 4 + 4 * ndim + math.prod(shape)
-    if gzipped:  # the gzip trailer holds the size mod 2**32: no need to inflate it all
-        with open(path, "rb") as raw:
-            raw.seek(-4, os.SEEK_END)
-            size = int.from_bytes(raw.read(4), "little")
-        ok = size == expected % 2**32
-    else:
-        size = path.stat().st_size
-        ok = size == expected
-    if not ok:
-        return (f"{size} bytes{' unpacked' if gzipped else ''}, its header "
-                f"({'x'.join(map(str, shape))}) says {expected}: truncated or damaged"), 0
-    return None, shape[0]
-
-
 def check_mnist(data_dir: Path | None, tier: str | None, cells: list) -> Check:
     mnist = sum(c.dataset == "mnist" for c in cells)
     needed = mnist > 0
@@ -344,7 +311,7 @@ def check_mnist(data_dir: Path | None, tier: str | None, cells: list) -> Check:
                      "t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte (gzipped or not)")
     fail = BLOCKER if tier == "full" else WARN
     try:
-        from perfsuite.workloads.image_data import MNIST_FILES, _find
+        from perfsuite.workloads.image_data import MNIST_FILES, _find, idx_problem
     except Exception as err:  # noqa: BLE001
         return Check("mnist", fail, f"cannot import the image workload ({type(err).__name__}: {err})",
                      "reinstall torchvision: pip install -c constraints.txt torchvision")
@@ -358,7 +325,7 @@ def check_mnist(data_dir: Path | None, tier: str | None, cells: list) -> Check:
         except FileNotFoundError:
             problems.append(f"{stem}[.gz] missing")
             continue
-        problem, counts[key] = _idx_problem(path, 3 if key.endswith("images") else 1)
+        problem, counts[key] = idx_problem(path, 3 if key.endswith("images") else 1)
         if problem:
             problems.append(f"{path.name}: {problem}")
         else:
@@ -388,7 +355,8 @@ def check_extras(tier: str | None, cells: list, history_url: str | None) -> Chec
         fixes.append(f"{extras.message('llm')} (or run only the image cells: perfsuite run --workload image, "
                      "pytest -k image)")
     if missing.get("postgres") and str(history_url or "").startswith(("postgres://", "postgresql")):
-        from perfsuite.history.schema import HistoryError, resolve_url, shown_url
+        from perfsuite.history.errors import HistoryError
+        from perfsuite.history.schema import resolve_url, shown_url
 
         try:
             resolve_url(history_url)  # psycopg2, if installed, serves it instead

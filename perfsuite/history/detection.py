@@ -136,7 +136,7 @@ def _from_ab(runs_dir: Path, statistic: str) -> Noise | None:
     per_cell: dict[str, list[tuple[int, float]]] = {}
     used = []
     for session, path, data in _sessions(runs_dir, "ab.json"):
-        if not str(data.get("schema", "")).startswith("perfsuite.gate.ab"):
+        if not str(data.get("schema", "")).startswith("perfsuite.ab"):
             continue
         both = _same_code((data.get("settings") or {}).get("sides") or {})
         for cell in data.get("cells") or []:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from perfsuite import options
-from perfsuite.history.schema import HistoryError
+from perfsuite.history.errors import HistoryError
 
 # The software a run is measured with: kept apart from the machine's fingerprint.
 SOFTWARE_KEYS = ("python", "torch", "torchvision", "torchtune", "torchao", "perfsuite", "cuda",

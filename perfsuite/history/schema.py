@@ -19,21 +19,19 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import event
 
+from perfsuite.history.errors import HistoryError
+from perfsuite.history.rows import options_of_file, software_versions
+
 SCHEMA_VERSION = 2
 DEFAULT_PATH = Path(".perfsuite") / "history.sqlite"
 HISTORY_ENV = "PERFSUITE_HISTORY"  # the store used when no --history / --url names one
 # What a stored run is for: "run" (meant to be kept: the series read it), "experiment"
 # (an injected fault or a workload option), "ad-hoc" (a look at a cell; see
-# perfsuite.history.store.run_purpose). Readers take "run" only unless asked for more.
+# perfsuite.history.purpose.run_purpose). Readers take "run" only unless asked for more.
 PURPOSES = ("run", "experiment", "ad-hoc")
 DEFAULT_PURPOSE = "run"
 BUSY_TIMEOUT_S = 60.0  # SQLite: how long a writer waits for another's transaction
 _PG_LOCK_KEY = 0x70657266  # PostgreSQL advisory lock: one schema set-up at a time
-
-
-class HistoryError(RuntimeError):
-    """A run refused (unfinished, no commit, not a results.json) or a store
-    that cannot be opened or written; the message says why."""
 
 
 metadata = sa.MetaData()
@@ -100,8 +98,6 @@ def _migrate_0_to_1(conn: sa.Connection) -> None:
     """Version 0, the layout before versioning: runs, cells and metrics, no
     ``meta`` table, runs without ``branch`` and ``software``, metrics without
     ``launches``. The software versions are filled in from the fingerprint."""
-    from perfsuite.history.rows import software_versions
-
     meta.create(conn, checkfirst=True)
     have = {c["name"] for c in sa.inspect(conn).get_columns("runs")}
     for column in (sa.Column("branch", sa.String(255)), sa.Column("software", sa.JSON)):
@@ -122,8 +118,6 @@ def _migrate_1_to_2(conn: sa.Connection) -> None:
     options; ``ad-hoc`` when the store is a ``.perfsuite/history.sqlite`` file
     (perfsuite's default) and the run's folder lies outside that folder;
     else ``run``."""
-    from perfsuite.history.rows import options_of_file
-
     have = {c["name"] for c in sa.inspect(conn).get_columns("runs")}
     if "purpose" not in have:
         conn.exec_driver_sql(f"ALTER TABLE runs ADD COLUMN purpose VARCHAR(16) NOT NULL "

@@ -16,8 +16,8 @@ from typing import Any, ClassVar
 
 from perfsuite import stats
 from perfsuite.judge import launchstats
-from perfsuite.judge.baselines import CounterBaseline, load_all, norm
-from perfsuite.judge.lookup import Expectation, find_counters, find_expectations, find_time_per_token
+from perfsuite.judge.baselines import CounterBaseline, norm
+from perfsuite.judge.lookup import Expectation
 from perfsuite.rank import counters
 
 STATES = ("same", "regressed", "improved", "unknown", "pass", "fail", "skipped")
@@ -404,31 +404,4 @@ def needed_cells(params: Mapping[str, Any], checks: tuple[type[CrossCellRatio], 
         probe = check()
         if probe.applies(params):
             out[probe.name] = probe.twin_params(params)
-    return out
-
-
-def checks_for(params: Mapping[str, Any], profile_id: str | None, *,
-               sets: list | None = None, root: Any = None,
-               cross_cell: bool = True, env: Mapping[str, Any] | None = None) -> list[Any]:
-    """Every check with a comparable baseline for a cell; the step-time and
-    (given the run's ``env``) work-counter checks always, so that a report
-    says why they were skipped when there is none."""
-    from perfsuite.judge.checks_llm import TimePerTokenNotRegressed
-
-    sets = load_all(root) if sets is None else sets
-
-    def found(metric: str, reference: str = "") -> list[Expectation]:
-        return find_expectations(params, metric, profile_id, reference=reference, sets=sets)
-
-    # the step-time verdict, which says why when it skips
-    out: list[Any] = [TimePerTokenNotRegressed(find_time_per_token(params, profile_id, sets=sets))
-                      if params.get("workload") == "llm" else StepTimeNotRegressed(found("step_time")[0])]
-    if env is not None:
-        out.append(WorkCountersUnchanged(*find_counters(params, env, sets)))
-    for metric in ("peak_mem_allocated", "peak_rss"):
-        out += [PeakMemoryNotRegressed(e, metric=metric) for e in found(metric)[:1] if e.value]
-    out += [AccuracyAtLeast.from_expectation(e) for e in found("accuracy")[:1] if e.value]
-    for check in CROSS_CELL if cross_cell else ():
-        if check().applies(params):
-            out += [check(e) for e in found(check.metric, check().reference) if e.available]
     return out

@@ -151,7 +151,8 @@ def baseline_checks(cell: Cell, result: dict[str, Any], twin_of, sets: list) -> 
     """Checks against stored baselines; cross-cell ones get their twin's result."""
     from perfsuite.cells import findings
     from perfsuite.hardware import profile_id
-    from perfsuite.judge.checks import FindingRatio, checks_for
+    from perfsuite.judge.applicable import checks_for
+    from perfsuite.judge.checks import FindingRatio
 
     profile = profile_id(result.get("env") or {}) if result.get("env") else None
     out = []

@@ -5,7 +5,7 @@ invocation (under ``srun`` on SLURM). On one node ``--standalone`` gives every
 cell a fresh c10d rendezvous on a free local port, so cells (and two suite
 runs on one machine) never share a port. The whole process tree lives in its
 own session so a timeout or an interruption can end all of it, and dies with
-the launcher, also with one killed by SIGKILL (perfsuite.launch.agent.die_with_parent,
+the launcher, also with one killed by SIGKILL (perfsuite.system.lifetime.die_with_parent,
 perfsuite.rank.worker.watch_launcher).
 """
 
@@ -29,6 +29,7 @@ from perfsuite.cells import Cell
 from perfsuite.launch import agent, diagnose, multinode, torchrun_options
 from perfsuite.results import aggregate, skipped_result
 from perfsuite.system.atomic import atomic_write_json
+from perfsuite.system.lifetime import die_with_me
 
 OUTPUT_TAIL_CHARS = 4000
 PROGRESS_EVERY_S = 30.0
@@ -313,7 +314,7 @@ def run_cell(cell: Cell, out_dir: Path, opts: LaunchOptions | None = None) -> di
             proc = agent.ForkedAgent(argv, log.fileno(), env)
         else:
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                    start_new_session=True, preexec_fn=agent.die_with_me())
+                                    start_new_session=True, preexec_fn=die_with_me())
         try:
             returncode = _wait(proc, timeout, cell, directory, opts.on_progress)
         except subprocess.TimeoutExpired:

@@ -28,15 +28,14 @@ from .nsys import (
     resolve_nsys,
     run_nsys_stats,
 )
-from .summary import ProfileRow, ProfileSummary, api_base_name, merge_rank_summaries
+from .summary import ProfileRow, ProfileSummary, api_base_name, canonical_memop, merge_rank_summaries
+from .trace_summary import summary_from_chrome_trace
 
 _PER_SECOND = {"ns": 1e9, "us": 1e6, "ms": 1e3, "s": 1.0}  # divide: exact for whole ns
 _SIZE_UNITS = {"B": 1.0, "KB": 1e3, "MB": 1e6, "GB": 1e9, "KiB": 1024.0, "MiB": 1024.0**2, "GiB": 1024.0**3}
 _TIME_COL = re.compile(r"^Total Time \((ns|us|ms|s)\)$")
 _SIZE_COL = re.compile(r"^Total \((B|KB|MB|GB|KiB|MiB|GiB)\)$")
 _NUMBER = re.compile(r"^[+-]?(\d{1,3}(,\d{3})+|\d+)(\.\d*)?([eE][+-]?\d+)?$")
-_MEMOP_WORDS = {"HtoD": "Host-to-Device", "DtoH": "Device-to-Host", "DtoD": "Device-to-Device",
-                "HtoH": "Host-to-Host", "PtoP": "Peer-to-Peer"}
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 _FIX_HINT = ("re-export it with `nsys stats --report <name> --format csv --output <prefix> <report.nsys-rep>` "
              "or remove the file from the directory")
@@ -153,14 +152,6 @@ def _value(table: NsysTable, row: dict[str, str], index: int, column: str) -> fl
         line = table.line_numbers[index]
         raise NsysCsvError(f"{table.path}: line {line}: column {column!r} is {row[column]!r}, "
                            f"not a number; {_FIX_HINT}") from None
-
-
-def canonical_memop(operation: str) -> str:
-    """'[CUDA memcpy HtoD]' and '[CUDA memcpy Host-to-Device]' -> 'CUDA memcpy Host-to-Device'."""
-    name = operation.strip().strip("[]").strip()
-    for short, long in _MEMOP_WORDS.items():
-        name = re.sub(rf"\b{short}\b", long, name)
-    return " ".join(name.split())
 
 
 def _time_column(header: Sequence[str]) -> tuple[str, float]:
@@ -309,8 +300,6 @@ def summarize_path(path: str | os.PathLike, *, nsys: str | None = None) -> Profi
         if path.suffix == ".csv":
             return summarize_csvs([path], rank=_rank_of(path.name))
         if path.name.endswith((".trace.json", ".trace.json.gz")):
-            from .trace_summary import summary_from_chrome_trace  # it reads memcpy names through this module
-
             return summary_from_chrome_trace(path, rank=_rank_of(path.name))
         if path.name.endswith(REPORT_EXTENSIONS):
             return summarize_csvs(run_nsys_stats(path, nsys=nsys).values(), rank=_rank_of(path.name),

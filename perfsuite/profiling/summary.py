@@ -435,3 +435,16 @@ def format_summary(summary: ProfileSummary, *, top: int = 15, h2d_limit_gbps: fl
         lines.append(f"  {row.category:<10} {row.total_s:12.6f} s {row.calls:>9} {100 * row.share:6.1f}%  "
                      f"{row.name[:90]}")
     return "\n".join(lines)
+
+
+# nsys names a copy's direction two ways, by release
+_MEMOP_WORDS = {"HtoD": "Host-to-Device", "DtoH": "Device-to-Host", "DtoD": "Device-to-Device",
+                "HtoH": "Host-to-Host", "PtoP": "Peer-to-Peer"}
+
+
+def canonical_memop(operation: str) -> str:
+    """'[CUDA memcpy HtoD]' and '[CUDA memcpy Host-to-Device]' -> 'CUDA memcpy Host-to-Device'."""
+    name = operation.strip().strip("[]").strip()
+    for short, long in _MEMOP_WORDS.items():
+        name = re.sub(rf"\b{short}\b", long, name)
+    return " ".join(name.split())

@@ -25,8 +25,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .nsys_csv import canonical_memop
-from .summary import H2D, ProfileRow, ProfileSummary, api_base_name
+from .summary import H2D, ProfileRow, ProfileSummary, api_base_name, canonical_memop
 
 PHASES = ("data", "forward", "backward", "optimizer", "comm")
 

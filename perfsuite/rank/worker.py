@@ -27,9 +27,9 @@ from pathlib import Path
 
 from perfsuite.cells import Cell
 from perfsuite.context import RankContext
-from perfsuite.launch.agent import die_with_parent
 from perfsuite.specs import resolve
 from perfsuite.system.atomic import atomic_write_json
+from perfsuite.system.lifetime import die_with_parent
 
 RECORD_SCHEMA = "perfsuite.rank/1"
 LAUNCHER_POLL_S = 0.5

@@ -13,7 +13,6 @@ numbers on an axes of their own, as a reference.
 from __future__ import annotations
 
 import re
-import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,14 +25,12 @@ from perfsuite.report.paper import PaperReference, with_default
 from perfsuite.report.plotting import (
     DPI,
     PAPER_COLOUR,
-    ReportFigure,
     colour,
     figure_legend,
     integer_ticks,
     line,
     new_figure,
     note,
-    png_bytes,
     ratio_bars,
     titled,
 )
@@ -371,10 +368,6 @@ def _boxes(ax, cells: list[dict]) -> None:
     ax.grid(axis="x", alpha=0.3)
 
 
-def llm_pin_memory_figure(cells: Cells, paper: PaperReference | None = None) -> Figure | None:
-    return pin_memory_figure(cells, paper, workload="llm")
-
-
 # name, title, function, caption
 FIGURES: tuple[tuple[str, str, Callable[..., Figure | None], str], ...] = (
     ("step_time", "Step time per cell", step_time_figure,
@@ -396,28 +389,3 @@ FIGURES: tuple[tuple[str, str, Callable[..., Figure | None], str], ...] = (
       "Where pin_memory cannot act (a CPU run: no host-to-device copy) the ratio is drawn as a "
       "point around 1, 'no effect expected', not as a gain.")),
 )
-
-
-def all_figures() -> list[tuple[str, str, Callable[..., Figure | None], str]]:
-    from perfsuite.report import (  # they build on this module
-        figures_llm,
-        figures_profile,
-    )
-
-    return list(FIGURES) + list(figures_llm.FIGURES) + list(figures_profile.FIGURES)
-
-
-def render_figures(cells: Cells, paper: PaperReference | None = None) -> list[ReportFigure]:
-    """Every figure the run has data for, as PNG bytes; a figure that fails to
-    draw is reported with its error instead of costing the run its report."""
-    paper = with_default(paper)
-    out = []
-    for name, title, function, caption in all_figures():
-        try:
-            fig = function(cells, paper)
-            if fig is not None:
-                out.append(ReportFigure(name, title, caption, png_bytes(fig)))
-        except Exception as err:  # noqa: BLE001 - shown in the report
-            out.append(ReportFigure(name, title, caption, error=f"{type(err).__name__}: {err}\n"
-                                    + traceback.format_exc(limit=3)))
-    return out

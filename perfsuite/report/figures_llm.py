@@ -13,7 +13,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from perfsuite.report import cellview as cv
-from perfsuite.report.figures import llm_pin_memory_figure
+from perfsuite.report.figures import pin_memory_figure
 from perfsuite.report.paper import PaperReference, with_default
 from perfsuite.report.plotting import (
     PAPER_COLOUR,
@@ -77,6 +77,10 @@ def llm_iteration_figure(cells: Sequence[dict[str, Any]],
     figure_legend(fig, ncols=5)
     axes[0].set_ylim(bottom=0)
     return titled(fig, "LLM fine-tuning iteration time (mirrors Fig. 4 and Table 5)", "")
+
+
+def llm_pin_memory_figure(cells: Sequence[dict[str, Any]], paper: PaperReference | None = None) -> Figure | None:
+    return pin_memory_figure(cells, paper, workload="llm")
 
 
 # name, title, function, caption

@@ -44,11 +44,11 @@ def render_html(results: Mapping[str, Any], figures: list[ReportFigure] | None =
     """The page as a string; figures are drawn here unless given. ``base``, the
     run folder the page is written to, makes the links point at files that exist."""
     if figures is None:
-        from perfsuite.report.figures import render_figures
+        from perfsuite.report.gallery import render_figures
 
         figures = render_figures(list(results.get("cells") or []))
     context = report_context(results, figures, Path(base) if base is not None else None)
-    from perfsuite.report.trends import trends_link  # the history's trends page, where there is one
+    from perfsuite.report.trends_page import trends_link  # the history's trends page, where there is one
     return _environment().get_template("report.html.j2").render(css=CSS, trends=trends_link(base), **context)
 
 
@@ -64,7 +64,7 @@ def write_reports(results_dir: Path | str, *, figure_dir: str | None = "figures"
                   ) -> dict[str, Path]:
     """results.csv, checks.csv and report.html (plus each figure as a PNG under
     ``figure_dir``, unless None) next to a run's results.json."""
-    from perfsuite.report.figures import render_figures
+    from perfsuite.report.gallery import render_figures
     from perfsuite.report.tables import write_checks_csv, write_results_csv
     from perfsuite.results import load
 

@@ -315,3 +315,34 @@ class ResizedImages(Dataset):
         if self.cache_dir is not None:
             state["resized"] = None
         return state
+
+
+def idx_problem(path: Path, ndim: int) -> tuple[str | None, int]:
+    """Why an IDX file cannot be used, read from its header and size (not its
+    data), and the count it holds."""
+    try:
+        with open(path, "rb") as raw:
+            gzipped = raw.read(2) == b"\x1f\x8b"
+        opener = gzip.open if gzipped else open
+        with opener(path, "rb") as f:
+            header = f.read(4 + 4 * ndim)
+    except (OSError, EOFError) as err:
+        return f"cannot read it ({getattr(err, 'strerror', None) or err})", 0
+    if len(header) < 4 or header[:2] != b"\x00\x00" or header[2] != 0x08:
+        return "not an unsigned-byte IDX file (bad magic number)", 0
+    if header[3] != ndim or len(header) < 4 + 4 * ndim:
+        return f"{header[3]} dimensions, {'images' if ndim == 3 else 'labels'} need {ndim}", 0
+    shape = [int.from_bytes(header[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
+    expected = 4 + 4 * ndim + math.prod(shape)
+    if gzipped:  # the gzip trailer holds the size mod 2**32: no need to inflate it all
+        with open(path, "rb") as raw:
+            raw.seek(-4, os.SEEK_END)
+            size = int.from_bytes(raw.read(4), "little")
+        ok = size == expected % 2**32
+    else:
+        size = path.stat().st_size
+        ok = size == expected
+    if not ok:
+        return (f"{size} bytes{' unpacked' if gzipped else ''}, its header "
+                f"({'x'.join(map(str, shape))}) says {expected}: truncated or damaged"), 0
+    return None, shape[0]

@@ -12,7 +12,7 @@ from perfsuite.judge import baselines as bl
 from perfsuite.judge import launchstats, recording
 from perfsuite.judge.lookup import find_expectation, find_expectations, lookup
 
-PAPER = Path(bl.__file__).resolve().parent.parent / "baselines" / "h100-sxm-94gb-x4-nvlink-paper"
+PAPER = bl.PROJECT_BASELINES / "h100-sxm-94gb-x4-nvlink-paper"
 H100 = "h100-sxm-94gb-x4-nvlink"
 CPU_ENV = {"cpu_model": "AMD EPYC 9334 32-Core Processor", "cpu_cores": 2, "gpu_count": 0,
            "torch": "2.14.0", "python": "3.12.1", "commit": "abc123"}

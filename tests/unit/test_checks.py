@@ -11,10 +11,11 @@ from perfsuite import stats
 from perfsuite.judge import baselines as bl
 from perfsuite.judge import checks as ck
 from perfsuite.judge import launchstats
+from perfsuite.judge.applicable import checks_for
 from perfsuite.judge.comparing import compare_runs
 from perfsuite.judge.lookup import Expectation
 
-PAPER = Path(bl.__file__).resolve().parent.parent / "baselines" / "h100-sxm-94gb-x4-nvlink-paper"
+PAPER = bl.PROJECT_BASELINES / "h100-sxm-94gb-x4-nvlink-paper"
 H100 = "h100-sxm-94gb-x4-nvlink"
 H100_ENV = {"gpu_name": "NVIDIA H100 SXM", "gpu_count": 4, "gpu_memory_bytes": 94 * 2**30,
             "interconnect": "nvlink"}
@@ -205,7 +206,7 @@ def test_needed_cells_names_each_twin():
 def test_checks_for_a_table2_cell_on_the_papers_hardware():
     sets = [bl.load_profile(PAPER)]
     params = result(world_size=2, precision="fp16")["params"]
-    made = ck.checks_for(params, H100, sets=sets)
+    made = checks_for(params, H100, sets=sets)
     names = [c.name for c in made]
     assert names.count("precision_speedup") == 2  # the table row and the stated range
     assert "scaling_efficiency" in names and "accuracy_at_least" in names
@@ -215,7 +216,7 @@ def test_checks_for_a_table2_cell_on_the_papers_hardware():
 def test_checks_for_a_cell_on_other_hardware_skip_with_a_reason():
     sets = [bl.load_profile(PAPER)]
     params = result(world_size=2, precision="fp16")["params"]
-    made = ck.checks_for(params, "cpu-amd-epyc-9334-2c", sets=sets)
+    made = checks_for(params, "cpu-amd-epyc-9334-2c", sets=sets)
     assert [c.name for c in made] == ["step_time", "accuracy_at_least"]
     v = made[0].evaluate(result(world_size=2, precision="fp16"))
     assert v.verdict == "skipped" and "no comparable" in v.message

@@ -16,6 +16,7 @@ from perfsuite.hardware import profile_id
 from perfsuite.judge import baselines as bl
 from perfsuite.judge import checks as ck
 from perfsuite.judge import checks_llm, launchstats, recording
+from perfsuite.judge.applicable import checks_for
 from perfsuite.judge.lookup import Expectation, find_time_per_token
 from perfsuite.results import merge_repeats
 
@@ -95,12 +96,12 @@ def test_recorded_per_step_samples_are_preferred_and_a_raw_step_time_never_judge
     recording.record_run(run(llm_result(seed=1)), root=tmp_path, date="2026-11-25T00:00:00Z")
     sets = bl.load_all(tmp_path)
     assert "time_per_token" in set(sets[0].metrics["metric"])
-    made = ck.checks_for(PARAMS, PROFILE, sets=sets)
+    made = checks_for(PARAMS, PROFILE, sets=sets)
     assert isinstance(made[0], checks_llm.TimePerTokenNotRegressed) and made[0].expectation.samples
     # a folder holding only the raw step time of the cell: skipped, saying why
     rows = sets[0].metrics
     sets[0].metrics = rows[rows["metric"] == "step_time"]
-    skipped = ck.checks_for(PARAMS, PROFILE, sets=sets)[0].evaluate(llm_result(seed=2))
+    skipped = checks_for(PARAMS, PROFILE, sets=sets)[0].evaluate(llm_result(seed=2))
     assert skipped.verdict == "skipped" and "per token" in skipped.message
 
 

@@ -19,8 +19,9 @@ import psutil
 import pytest
 from cellkit import tiny_image_cell
 
-from perfsuite.launch import agent, diagnose
+from perfsuite.launch import diagnose
 from perfsuite.launch.launch import cell_dir
+from perfsuite.system import lifetime
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is Linux's")
 
@@ -180,8 +181,8 @@ def test_no_watchdog_for_a_rank_started_by_hand_or_on_another_host():
 
 DIES_WITH = """
 import ctypes, sys
-from perfsuite.launch import agent
-print("set" if agent.die_with_parent(int(sys.argv[1])) else "not set", flush=True)
+from perfsuite.system import lifetime
+print("set" if lifetime.die_with_parent(int(sys.argv[1])) else "not set", flush=True)
 sig = ctypes.c_int()
 ctypes.CDLL(None).prctl(2, ctypes.byref(sig), 0, 0, 0)  # PR_GET_PDEATHSIG
 print("pdeathsig", sig.value, flush=True)
@@ -204,21 +205,21 @@ def test_die_with_parent_exits_when_the_parent_is_not_the_expected_one():
 
 
 def test_die_with_parent_is_a_no_op_without_prctl(monkeypatch):
-    monkeypatch.setattr(agent, "libc_prctl", lambda: None)
-    assert agent.die_with_parent(os.getpid() + 12345) is False  # and this process goes on
-    assert agent.die_with_me() is None  # launch.py's preexec_fn: none at all
+    monkeypatch.setattr(lifetime, "libc_prctl", lambda: None)
+    assert lifetime.die_with_parent(os.getpid() + 12345) is False  # and this process goes on
+    assert lifetime.die_with_me() is None  # launch.py's preexec_fn: none at all
     monkeypatch.undo()
     monkeypatch.setattr(ctypes, "CDLL", lambda *a, **kw: object())  # a libc without prctl
-    assert agent.libc_prctl() is None
+    assert lifetime.libc_prctl() is None
     monkeypatch.undo()
     monkeypatch.setattr(sys, "platform", "darwin")
-    assert agent.libc_prctl() is None
+    assert lifetime.libc_prctl() is None
 
 
 def test_a_child_started_with_die_with_me_dies_with_its_parent():
     parent = subprocess.Popen(
-        [sys.executable, "-c", "import subprocess, time; from perfsuite.launch import agent; "
-         "child = subprocess.Popen(['sleep', '120'], preexec_fn=agent.die_with_me()); "
+        [sys.executable, "-c", "import subprocess, time; from perfsuite.system import lifetime; "
+         "child = subprocess.Popen(['sleep', '120'], preexec_fn=lifetime.die_with_me()); "
          "print(child.pid, flush=True); time.sleep(120)"],
         cwd=ROOT, stdout=subprocess.PIPE, text=True)
     child = None

@@ -13,7 +13,7 @@ import pytest
 from matplotlib.container import BarContainer, ErrorbarContainer
 
 from perfsuite.profiling.summary import ProfileRow, ProfileSummary, attribute_change
-from perfsuite.report import figures, figures_llm, figures_profile, formatting, html, page_checks, page_data, tables
+from perfsuite.report import figures, figures_llm, figures_profile, formatting, gallery, html, page_checks, page_data, tables
 from perfsuite.report.paper import PaperReference, load_paper_reference
 from perfsuite.report.terminal import junit_properties, summary_lines
 
@@ -206,14 +206,14 @@ def test_a_failing_figure_is_reported_not_raised(results, monkeypatch):
     def broken(cells, paper):
         raise ValueError("bad <data>")
     monkeypatch.setattr(figures, "FIGURES", (("broken", "Broken", broken, "caption"),))
-    drawn = figures.render_figures(results["cells"], PaperReference())
+    drawn = gallery.render_figures(results["cells"], PaperReference())
     assert drawn[0].png is None and "bad <data>" in drawn[0].error
     page = html.render_html(results, drawn)
     assert "could not be drawn" in page and "bad &lt;data&gt;" in page
 
 
 def test_write_reports_next_to_results_json(results, tmp_path, monkeypatch):
-    monkeypatch.setattr(figures, "all_figures", lambda: [figures.FIGURES[0]])  # one is enough
+    monkeypatch.setattr(gallery, "all_figures", lambda: [figures.FIGURES[0]])  # one is enough
     (tmp_path / "results.json").write_text(json.dumps(results))
     written = html.write_reports(tmp_path / "results.json")
     assert set(written) == {"results_csv", "checks_csv", "report_html"}

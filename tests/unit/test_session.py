@@ -48,7 +48,7 @@ def test_a_check_that_crashes_keeps_the_measured_cell(tmp_path, fake, monkeypatc
     assert [c["id"] for c in saved] == [CELL.id] and saved[0]["status"] == "ok"
     assert saved[0]["metrics"]["step_time"]["samples"] == result["metrics"]["step_time"]["samples"]
     check = saved[0]["checks"][0]
-    assert check["name"] == "perfsuite.judge.judging" and check["verdict"] == "fail"
+    assert check["name"] == "perfsuite.judge" and check["verdict"] == "fail"
     assert "judging failed: KeyError" in check["message"]
 
 

@@ -18,7 +18,7 @@ from perfsuite.cli import main as cli
 from perfsuite.hardware import profile_id
 from perfsuite.history.store import History
 from perfsuite.report import html as report_html
-from perfsuite.report import trends
+from perfsuite.report import trends, trends_page
 from tests.unit.test_history import ENV, write_run
 
 CELL = "smoke/image/ddp-ds/c1/fp32/px32/nopin/nchw"
@@ -55,7 +55,7 @@ def store(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def page(store, tmp_path_factory) -> tuple[Path, str]:
-    out = trends.write_trends(store, tmp_path_factory.mktemp("page") / "trends.html")
+    out = trends_page.write_trends(store, tmp_path_factory.mktemp("page") / "trends.html")
     return out, out.read_text(encoding="utf-8")
 
 
@@ -226,8 +226,8 @@ def test_the_page_draws_runs_only_unless_other_purposes_are_included(tmp_path, m
     assert [p.commit for p in meant.points] == [sha(i) for i in range(4)]
     assert [p.commit for p in tried.points] == [sha(i) for i in range(5)]
     calls = []
-    real = trends.write_trends_page
-    monkeypatch.setattr(trends, "write_trends_page", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
+    real = trends_page.write_trends_page
+    monkeypatch.setattr(trends_page, "write_trends_page", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
     assert cli.main(["history", "report", "--url", url, "--out", str(tmp_path / "t.html"),
                      "--include", "experiment"]) == 0
     assert calls[0]["include"] == ("experiment",)

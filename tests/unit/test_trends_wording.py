@@ -9,7 +9,7 @@ import pytest
 
 from perfsuite import options
 from perfsuite.history.store import History
-from perfsuite.report import trends
+from perfsuite.report import trends_page
 from tests.unit.test_history import write_run
 
 CELL = "smoke/image/ddp-ds/c1/fp32/px32/nopin/nchw"
@@ -36,7 +36,7 @@ def said(page: str) -> tuple[str, list[str]]:
 
 @pytest.mark.parametrize("statistic", options.LAUNCH_STATISTICS)
 def test_the_header_and_the_captions_name_the_same_launch_values(store, tmp_path, statistic):
-    out = trends.write_trends(store, tmp_path / "trends.html", launch_statistic=statistic)
+    out = trends_page.write_trends(store, tmp_path / "trends.html", launch_statistic=statistic)
     header, captions = said(out.read_text(encoding="utf-8"))
     other = next(w for s, w in WORDS.items() if s != statistic)
     assert header == WORDS[statistic]
@@ -46,7 +46,7 @@ def test_the_header_and_the_captions_name_the_same_launch_values(store, tmp_path
 
 
 def test_the_page_takes_the_one_default(store, tmp_path):
-    out = trends.write_trends(store, tmp_path / "trends.html")
+    out = trends_page.write_trends(store, tmp_path / "trends.html")
     header, captions = said(out.read_text(encoding="utf-8"))
     assert header == WORDS[options.DEFAULT_LAUNCH_STATISTIC]
     assert all(WORDS[options.DEFAULT_LAUNCH_STATISTIC] in caption for caption in captions)
