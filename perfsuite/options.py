@@ -119,3 +119,8 @@ def add_launch_options(add: Callable[..., Any], prefix: str = "--") -> dict[str,
     option("slurm", action="store_true",
            help="inside a SLURM allocation: nodes from the job, torchrun started through srun")
     return added
+
+# perfsuite ab's resident windows (perfsuite.gate.resident). On the 2-core VM a
+# smoke step takes ~50 ms: a quad of 5-step windows ~1.2 s, a launch pair ~30 s.
+AB_MODES = ("auto", "resident", "launches")  # auto: resident where the cell allows it
+DEFAULT_WINDOW_STEPS, DEFAULT_QUADS, DEFAULT_MAX_PAIRS = 5, 16, 4

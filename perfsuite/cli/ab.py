@@ -74,6 +74,16 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                             "this interpreter's packages, set up under OUT/sides/ (default: none)")
     p.add_argument("--out", type=Path, metavar="DIR", help="output directory (default: .perfsuite/ab-<time>-<pid>)")
     _add_judging_options(p, "a cell is left unknown")
+    resident = p.add_argument_group("resident windows (see docs/explanation/verdicts.md)")
+    resident.add_argument("--mode", choices=options.AB_MODES, default=options.AB_MODES[0],
+                          help="auto: both sides' launches kept up and short windows alternated ABBA "
+                               "where the cell allows it (image cells on one node), else launch rounds")
+    resident.add_argument("--window-steps", type=int, default=options.DEFAULT_WINDOW_STEPS, metavar="N",
+                          help="steps in one window")
+    resident.add_argument("--quads", type=int, default=options.DEFAULT_QUADS, metavar="N",
+                          help="ABBA quads of windows in one launch pair")
+    resident.add_argument("--max-pairs", type=int, default=options.DEFAULT_MAX_PAIRS, metavar="N",
+                          help="launch pairs before a cell is left unknown (at least 2: a verdict weighs 2)")
     add_launch_group(p)
     p.add_argument("--json", action="store_true",
                    help="print a JSON summary on stdout at the end (each cell's verdict, interval, launches "
@@ -174,6 +184,7 @@ def cmd_ab(args: argparse.Namespace) -> int:
             raise ab.ABError("give cell ids or a tier (smoke, gate, full); `perfsuite list` "
                              "prints ids")
         ab.check_settings(args.tolerance, args.launch_statistic, args.max_launches)
+        ab.check_resident_settings(args.mode, args.window_steps, args.quads, args.max_pairs)
         launch = _launching(args, chosen)
         if (out / "ab.json").exists():
             raise ab.ABError(f"{out} already holds an A/B session (ab.json); choose another --out")
@@ -191,7 +202,8 @@ def cmd_ab(args: argparse.Namespace) -> int:
         print("perfsuite ab: interrupted before the first launch", file=sys.stderr)
         return ab.EXIT_INTERRUPTED
     session = ab.ABSession(chosen, *sides, out, tolerance=args.tolerance, statistic=args.launch_statistic,
-                           max_launches=args.max_launches, argv=sys.argv, launch=launch)
+                           max_launches=args.max_launches, argv=sys.argv, launch=launch, mode=args.mode,
+                           window_steps=args.window_steps, quads=args.quads, max_pairs=args.max_pairs)
     code = session.run()
     if args.json:
         emit_json(args, _ab_summary(session.data, out))

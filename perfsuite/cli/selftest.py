@@ -47,7 +47,11 @@ def _verdict_detection_options(p: argparse.ArgumentParser) -> None:
                    help="perfsuite ab judged on itself: side B unchanged, 10 %% and 5 %% slower, "
                         "one A/B session each per trial")
     p.add_argument("--max-launches", type=int, default=12,
-                   help="with --ab: launches a side before an A/B session says unknown")
+                   help="with --ab: launches a side before an A/B session in launch rounds says unknown")
+    p.add_argument("--tolerance", type=float, default=0.02, metavar="FRACTION",
+                   help="with --ab: the sessions' tolerance (default 0.02: well below the 5 %% change called)")
+    p.add_argument("--mode", choices=options.AB_MODES, default=options.AB_MODES[0],
+                   help="with --ab: resident windows where the cell allows, or launch rounds (as perfsuite ab)")
     p.add_argument("--counters", action="store_true",
                    help="the work counters instead: single launches with one extra all-reduce or "
                         "one extra copy of every parameter per step against an unchanged baseline, "
@@ -123,9 +127,12 @@ def cmd_verdict_detection(args: argparse.Namespace) -> int:
 
     if args.ab:
         out = measure_ab_detection(trials=args.trials, cell_id=args.cell, steps=args.steps,
-                                   max_launches=args.max_launches, work_dir=args.out)
+                                   max_launches=args.max_launches, work_dir=args.out,
+                                   tolerance=args.tolerance, mode=args.mode)
         n = out["trials"]
-        lines = [f"perfsuite ab, unchanged B called regressed: {out['false_alarms']}/{n} (goal <= 1/20)",
+        lines = [f"perfsuite ab at a {out['tolerance']:.0%} tolerance ({out['mode']} mode), {out['cell']}",
+                 f"perfsuite ab, unchanged B called regressed: {out['false_alarms']}/{n} (goal <= 1/20)",
+                 f"perfsuite ab, unchanged B called same:      {out['unchanged_same']}/{n} (goal >= 16/20)",
                  f"perfsuite ab, 10% slower B called regressed: {out['caught_10']}/{n} (goal >= 19/20)",
                  f"perfsuite ab,  5% slower B called regressed: {out['caught_5']}/{n} (goal >= 16/20)",
                  f"median wall time per A/B session: {out['median_seconds']} (goal <= 180 s)"]

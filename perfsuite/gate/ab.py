@@ -3,41 +3,60 @@
 One launch of each version cannot tell a change from drift: identical
 launches on the shared 2-core VM had medians 82-131 ms minutes apart, so
 "before" measured on Monday and "after" on Tuesday mostly compares Mondays
-with Tuesdays. Here both sides launch in turns, A B B A, A B B A, ..., so a
-machine that drifts drifts under both alike and neither side always goes
-first; after every round of ABBA the launches are judged (each launch one
-observation, ``launchstats.compare_launches``) and a cell stops as soon as the
-verdict is decided, or at a cap on launches with "unknown".
+with Tuesdays. Two ways to interleave, both A B B A so that a machine that
+drifts drifts under both alike and neither side always goes first:
 
-A side is a Python interpreter (its torch, torchrun and perfsuite run the
-cell) and extra environment variables for its launches only; a git ref
-becomes a side through a worktree and a venv that reuses the current
-interpreter's packages (``checkout_side``). Every other check of a cell
-(peak memory, accuracy, work counters: ``comparing.compare_runs``) also
-compares A with B, over the launches measured.
+- resident (where the cell allows it: perfsuite.gate.resident): one launch
+  of each side kept up, windows of a few steps alternated between them
+  seconds apart, judged from the quads' log-ratios over at least two such
+  launch pairs (perfsuite.judge.windowstats); a look after every pair;
+- launch rounds (any cell): whole launches in turns, each launch one
+  observation (``launchstats.compare_launches``), judged after every round.
+
+Either stops as soon as the verdict is decided, or at a cap with "unknown"
+and what would decide it. The sides: perfsuite.gate.sides. Every other
+check of a cell (peak memory, accuracy, work counters:
+``comparing.compare_runs``) also compares A with B, over the launches measured.
 """
 
 from __future__ import annotations
 
 import math
-import os
-import shutil
-import site
-import subprocess
-import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from perfsuite import stats
 from perfsuite.cells import Cell
+from perfsuite.gate.resident import resident_refusal, run_pair
+from perfsuite.gate.sides import (  # noqa: F401 - ab's face for its callers
+    BASE_SITE_PTH,
+    IMPORT_CHECK,
+    ABError,
+    Side,
+    _run,
+    check_interpreter,
+    checkout_side,
+    launch_settings,
+    parse_env,
+    python_side,
+)
 from perfsuite.judge import launchstats
 from perfsuite.judge.checks import FAILING
 from perfsuite.judge.comparing import compare_runs
+from perfsuite.judge.windowstats import compare_windows, pair_estimate, quad_log_ratios
 from perfsuite.launch.launch import LaunchOptions, run_cell
-from perfsuite.options import DEFAULT_LAUNCH_STATISTIC
+from perfsuite.options import (
+    AB_MODES as MODES,
+)
+from perfsuite.options import (
+    DEFAULT_LAUNCH_STATISTIC,
+    DEFAULT_MAX_PAIRS,
+    DEFAULT_QUADS,
+    DEFAULT_WINDOW_STEPS,
+)
 from perfsuite.results import SCHEMA as RESULTS_SCHEMA
 from perfsuite.results import merge_repeats
 from perfsuite.system.atomic import atomic_write_json
@@ -48,11 +67,8 @@ ORDER = "ABBA"  # one round; every round the same, so each side leads half the r
 # slowdown 95 % of the time (stats module docstring).
 DEFAULT_MAX_LAUNCHES = 12
 DECIDED = ("same", "regressed", "improved")
+MIN_PAIRS = 2  # launch pairs a resident verdict weighs: one cannot see effects of its own launches
 EXIT_OK, EXIT_REGRESSED, EXIT_USAGE, EXIT_UNDECIDED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
-# The side venv's own site-packages sorts '__editable__...' before this
-# name, so the side's editable install is found before the current one's.
-BASE_SITE_PTH = "perfsuite_ab_base_site.pth"
-IMPORT_CHECK = "import torch, perfsuite; print(torch.__version__); print(perfsuite.__path__[0])"
 
 
 def look_confidence(max_launches: int, confidence: float = stats.DEFAULT_CONFIDENCE) -> float:
@@ -65,126 +81,6 @@ def look_confidence(max_launches: int, confidence: float = stats.DEFAULT_CONFIDE
     return 1.0 - (1.0 - confidence) / looks
 
 
-class ABError(ValueError):
-    """A usage or environment problem, said in a sentence (exit code 2)."""
-
-
-@dataclass
-class Side:
-    """One version under test: what runs its launches, and where it came from."""
-
-    name: str  # "A" or "B"
-    python: str
-    env: dict[str, str] = field(default_factory=dict)
-    ref: str | None = None
-    commit: str | None = None
-    setup_s: float | None = None  # git worktree + venv + editable install
-    torch: str | None = None
-    perfsuite: str | None = None  # the package directory this side imports
-    workload_options: dict[str, str] = field(default_factory=dict)  # e.g. an injected fault
-
-    @property
-    def label(self) -> str:
-        return self.name.lower()
-
-    def options(self, launch: LaunchOptions | None = None) -> LaunchOptions:
-        """``launch`` (what the session launches with: data dir, workload
-        options, timeout, GPUs, nodes, profiler) run by this side's
-        interpreter, with its environment and workload options on top."""
-        launch = launch or LaunchOptions()
-        return replace(launch, python=self.python, env={**launch.env, **self.env},
-                       options={**launch.options, **self.workload_options})
-
-
-def launch_settings(launch: LaunchOptions | None) -> dict[str, Any]:
-    """What a session's launches were given, for its JSON file."""
-    launch = launch or LaunchOptions()
-    return {"data_dir": str(launch.data_dir) if launch.data_dir else None, "options": dict(launch.options),
-            "timeout_s": launch.timeout_s, "profiler": launch.profiler, "gpus": launch.gpus,
-            "nnodes": launch.nodes.nnodes, "slurm": launch.nodes.slurm}
-
-
-def parse_env(entries: list[str], flag: str) -> dict[str, str]:
-    """KEY=VALUE entries as a dict."""
-    env = {}
-    for entry in entries:
-        key, sep, value = entry.partition("=")
-        if not sep or not key:
-            raise ABError(f"{flag} {entry!r}: give KEY=VALUE, e.g. {flag} OMP_NUM_THREADS=2")
-        env[key] = value
-    return env
-
-
-def python_side(name: str, python: str, env: dict[str, str] | None = None) -> Side:
-    """A side run by an existing interpreter.
-
-    Launches run with PYTHONSAFEPATH=1 so that ``python -m`` does not put the
-    working directory first on sys.path: started from a checkout, its
-    packages would shadow the side's own installation.
-    """
-    found = shutil.which(python) if os.sep not in python else python
-    if not found or not Path(found).is_file():
-        raise ABError(f"side {name}: no Python interpreter at {python}")
-    if not os.access(found, os.X_OK):
-        raise ABError(f"side {name}: {python} is not executable")
-    return Side(name, os.path.abspath(found), {"PYTHONSAFEPATH": "1", **(env or {})})
-
-
-def check_interpreter(side: Side) -> None:
-    """Run the side's interpreter once: it must import torch and perfsuite."""
-    try:
-        proc = subprocess.run([side.python, "-c", IMPORT_CHECK], capture_output=True, text=True,
-                              env={**os.environ, **side.env}, timeout=300)
-    except (OSError, subprocess.TimeoutExpired) as err:
-        raise ABError(f"side {side.name}: {side.python} could not be run ({err})") from None
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise ABError(f"side {side.name}: {side.python} cannot import torch and perfsuite "
-                      f"({last}); install both into that environment")
-    side.torch, side.perfsuite = proc.stdout.splitlines()[-2:]
-
-
-def _run(argv: list[Any], what: str, cwd: Path | None = None) -> str:
-    """stdout of a setup command; its failure as an ABError naming ``what``."""
-    try:
-        proc = subprocess.run([str(a) for a in argv], capture_output=True, text=True, cwd=cwd)
-    except OSError as err:
-        raise ABError(f"{what}: {err}") from None
-    if proc.returncode != 0:
-        tail = " ".join(proc.stderr.strip().splitlines()[-3:]) or f"exit status {proc.returncode}"
-        raise ABError(f"{what} failed: {tail}")
-    return proc.stdout.strip()
-
-
-def checkout_side(name: str, ref: str, repo: Path, side_dir: Path,
-                  env: dict[str, str] | None = None, flag: str | None = None) -> Side:
-    """A side from a git ref of ``repo``: a worktree of the ref, a venv that
-    sees the current interpreter's packages (torch is reused, not
-    reinstalled), and the worktree installed into it in editable mode.
-    ``flag`` names the option the ref came from in messages (default --a-ref/--b-ref)."""
-    started = time.monotonic()
-    flag = f"{flag or f'--{name.lower()}-ref'} {ref}"
-    commit = _run(["git", "-C", repo, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
-                  f"{flag}: finding the commit in {repo}")
-    src, venv = side_dir / "src", side_dir / "venv"
-    if src.exists() or venv.exists():
-        raise ABError(f"{flag}: {side_dir} already holds a side; choose another --out")
-    _run(["git", "-C", repo, "worktree", "add", "--detach", src, commit], f"{flag}: git worktree add")
-    # No pip of its own: through the .pth below the venv runs the current one.
-    _run([sys.executable, "-m", "venv", "--without-pip", venv], f"{flag}: python -m venv")
-    python = venv / "bin" / "python"
-    purelib = Path(_run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                        f"{flag}: the venv's site-packages"))
-    # addsitedir, not a bare path: the current site-packages' own .pth files
-    # (editable installs, such as perfsuite's) must be processed too.
-    adds = "; ".join(f"site.addsitedir({p!r})" for p in site.getsitepackages())
-    (purelib / BASE_SITE_PTH).write_text(f"import site; {adds}\n")
-    _run([python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "-e", src],
-         f"{flag}: pip install -e {src}", cwd=side_dir)
-    return Side(name, str(python), {"PYTHONSAFEPATH": "1", **(env or {})}, ref=ref, commit=commit,
-                setup_s=round(time.monotonic() - started, 2))
-
-
 def check_settings(tolerance: float, statistic: str, max_launches: int) -> None:
     """Refuse settings a session could not keep (before anything is set up)."""
     if max_launches < launchstats.MIN_LAUNCHES or max_launches % 2:
@@ -195,6 +91,19 @@ def check_settings(tolerance: float, statistic: str, max_launches: int) -> None:
         raise ABError(f"--tolerance {tolerance}: give a fraction such as 0.05")
     if statistic not in launchstats.LAUNCH_STATISTICS:
         raise ABError(f"--launch-statistic {statistic}: use one of {sorted(launchstats.LAUNCH_STATISTICS)}")
+
+
+def check_resident_settings(mode: str, window_steps: int, quads: int, max_pairs: int) -> None:
+    if mode not in MODES:
+        raise ABError(f"--mode {mode}: use one of {', '.join(MODES)}")
+    if window_steps < 1 or quads < 4 or max_pairs < MIN_PAIRS:
+        raise ABError(f"--window-steps {window_steps}, --quads {quads}, --max-pairs {max_pairs}: give at "
+                      f"least 1 step a window, 4 quads a pair and {MIN_PAIRS} pairs")
+
+
+def pair_look_confidence(max_pairs: int, confidence: float = stats.DEFAULT_CONFIDENCE) -> float:
+    """As ``look_confidence``: a look after every launch pair from MIN_PAIRS on."""
+    return 1.0 - (1.0 - confidence) / (max_pairs - MIN_PAIRS + 1)
 
 
 def _finite(value: Any) -> Any:
@@ -213,6 +122,9 @@ def summary_line(record: dict[str, Any]) -> str:
     verdict = record["verdict"]
     if verdict not in (*DECIDED, "unknown") or record.get("ratio") is None:
         return f"{record['id']}  {verdict.upper()}  {record.get('reason') or ''}".rstrip()
+    if record.get("mode") == "resident":
+        return (f"{record['id']}  {verdict.upper()}  {_interval(record)}, "
+                f"{record.get('quads', 0)} ABBA quads over {len(record.get('pairs') or [])} launch pairs")
     return (f"{record['id']}  {verdict.upper()}  {_interval(record)}, "
             f"{record['n_b']} vs {record['n_a']} launches")
 
@@ -232,9 +144,13 @@ class ABSession:
     def __init__(self, cells: list[Cell], side_a: Side, side_b: Side, out_dir: Path | str, *,
                  tolerance: float = stats.DEFAULT_TOLERANCE, statistic: str = DEFAULT_LAUNCH_STATISTIC,
                  max_launches: int = DEFAULT_MAX_LAUNCHES, argv: list[str] | None = None,
-                 launch: LaunchOptions | None = None,
+                 launch: LaunchOptions | None = None, mode: str = "auto",
+                 window_steps: int = DEFAULT_WINDOW_STEPS, quads: int = DEFAULT_QUADS,
+                 max_pairs: int = DEFAULT_MAX_PAIRS,
                  log: Callable[[str], None] = lambda line: print(line, flush=True)) -> None:
         check_settings(tolerance, statistic, max_launches)
+        check_resident_settings(mode, window_steps, quads, max_pairs)
+        self.mode, self.window_steps, self.quads, self.max_pairs = mode, window_steps, quads, max_pairs
         self.cells, self.sides = list(cells), {"A": side_a, "B": side_b}
         self.launch = launch  # both sides launch with it, each by its own interpreter and env
         self.out_dir = Path(out_dir).resolve()
@@ -247,14 +163,22 @@ class ABSession:
                          "look_confidence": look_confidence(max_launches),
                          "launch_statistic": statistic, "max_launches": max_launches,
                          "min_launches": launchstats.MIN_LAUNCHES, "order": ORDER,
-                         "launch": launch_settings(launch),
+                         "launch": launch_settings(launch), "mode": mode,
+                         "resident": {"window_steps": window_steps, "quads_per_pair": quads,
+                                      "min_pairs": MIN_PAIRS, "max_pairs": max_pairs,
+                                      "look_confidence": pair_look_confidence(max_pairs)},
                          "sides": {s.name: asdict(s) for s in (side_a, side_b)}},
             "cells": [], "interrupted": False, "exit_code": None}
 
     def run(self) -> int:
         """Measure every cell; the exit code (see ``exit_code``, 130 on Ctrl-C)."""
-        self.log(f"ratio = B / A of launch {self.statistic}s (> 1: B slower); "
-                 f"tolerance ±{self.tolerance:.0%}; up to {self.max_launches} launches a side")
+        if self.mode != "launches":
+            self.log(f"resident windows where a cell allows them: ratio = B / A of {self.window_steps}-step "
+                     f"windows' medians (> 1: B slower), {self.quads} ABBA quads a launch pair, "
+                     f"{MIN_PAIRS}-{self.max_pairs} pairs; tolerance ±{self.tolerance:.0%}")
+        if self.mode != "resident":
+            self.log(f"launch rounds otherwise: ratio = B / A of launch {self.statistic}s; "
+                     f"tolerance ±{self.tolerance:.0%}; up to {self.max_launches} launches a side")
         record = None
         try:
             for i, cell in enumerate(self.cells, 1):
@@ -290,6 +214,71 @@ class ABSession:
         atomic_write_json(self.path, self.data)
 
     def _measure(self, cell: Cell, record: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+        """Resident windows where the cell allows them, else ABBA rounds of launches."""
+        refusal = (resident_refusal(cell, self.launch) if self.mode != "launches"
+                   else "launch rounds asked for (--mode launches)")
+        record.update(mode="resident" if refusal is None else "launches", mode_reason=refusal)
+        if refusal is None:
+            return self._measure_resident(cell, record)
+        if self.mode == "resident":
+            record.update(verdict="error", reason=f"--mode resident: {refusal}")
+            return {"A": [], "B": []}
+        self.log(f"  launch rounds: {refusal}")
+        return self._measure_launches(cell, record)
+
+    def _measure_resident(self, cell: Cell, record: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+        """Launch pairs, both sides resident in each, until the verdict over the pairs is decided."""
+        results: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
+        record["pairs"], quads_by_pair = [], []
+        confidence = pair_look_confidence(self.max_pairs)
+        for pair in range(1, self.max_pairs + 1):
+            # Work counters are exact: the first pair's launches count them, the others need not.
+            opts = {name: self._pair_options(side, pair) for name, side in self.sides.items()}
+            dirs = {name: self.out_dir / "launches" / side.label / f"pair{pair}"
+                    for name, side in self.sides.items()}
+            started = time.time()
+            run = run_pair(cell, opts, dirs, quads=self.quads, window_steps=self.window_steps)
+            for name in ORDER[:2]:
+                result = run.results.get(name) or {"status": "error", "reason": run.error or "no result"}
+                self._file_launch(self.sides[name], pair, result, started, record)
+                if result["status"] != "ok" or run.error:
+                    skipped = result["status"] == "skipped" and pair == 1
+                    ended = f"side {name}'s launch ended {result['status']}: {result.get('reason')}"
+                    record.update(verdict="skipped" if skipped else "error", reason=(
+                        result.get("reason") if skipped else
+                        f"pair {pair}: {ended if result['status'] != 'ok' else run.error}"))
+                    self.write()
+                    return results
+                results[name].append(result)
+            quads_by_pair.append(quad_log_ratios([(w["side"], w["value"]) for w in run.windows]))
+            own = pair_estimate(quads_by_pair[-1])
+            record["pairs"].append({"pair": pair, "quads": own.quads, "ratio": _finite(own.ratio),
+                                    "ci_low": _finite(own.ci_low), "ci_high": _finite(own.ci_high),
+                                    "ready_s": run.ready_s, "windows": run.windows})
+            self.log(f"  pair {pair}: {own.quads} quads, ratio {own.ratio:.4g} "
+                     f"(95 % CI {own.ci_low:.4g}-{own.ci_high:.4g}); ready after {run.ready_s or 0:.1f} s")
+            if pair < MIN_PAIRS:
+                self.write()
+                continue
+            cmp = compare_windows(quads_by_pair, self.tolerance, confidence, min_pairs=MIN_PAIRS)
+            record.update(verdict=cmp.verdict, ratio=_finite(cmp.ratio), ci_low=_finite(cmp.ci_low),
+                          ci_high=_finite(cmp.ci_high), confidence=confidence, method=cmp.method,
+                          quads=cmp.quads, tau2=cmp.tau2, heterogeneity_p=cmp.heterogeneity_p,
+                          reason=cmp.reason or None)
+            self.write()
+            self.log(f"  after pair {pair}: {cmp.verdict.upper()}  {_interval(record)}")
+            if cmp.verdict in DECIDED:
+                return results
+        record["reason"] = (f"undecided after {self.max_pairs} launch pairs: {record.get('reason') or ''}; "
+                            f"--max-pairs {2 * self.max_pairs} or --quads {2 * self.quads} would narrow it")
+        self.write()
+        return results
+
+    def _pair_options(self, side: Side, pair: int) -> LaunchOptions:
+        opts = side.options(self.launch)
+        return opts if pair == 1 else replace(opts, options={**opts.options, "count_steps": "0"})
+
+    def _measure_launches(self, cell: Cell, record: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
         """ABBA rounds until the verdict is decided, the cap, or a failed launch."""
         results: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
         for round_ in range(1, self.max_launches // 2 + 1):
@@ -314,6 +303,10 @@ class ABSession:
         started = time.time()
         result = run_cell(cell, self.out_dir / "launches" / side.label / f"launch{index}",
                           side.options(self.launch))
+        return self._file_launch(side, index, result, started, record)
+
+    def _file_launch(self, side: Side, index: int, result: dict[str, Any], started: float,
+                     record: dict[str, Any]) -> dict[str, Any]:
         samples = result.get("metrics", {}).get("step_time", {}).get("samples") or []
         value = launchstats.launch_values([samples], self.statistic)[0] if samples else None
         record["launches"].append({

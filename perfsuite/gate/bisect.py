@@ -392,7 +392,7 @@ class Bisection:
         assert self.good_side is not None
         session = ab.ABSession([self.cell], self.good_side, self._side(commit), step_dir,
                                tolerance=self.tolerance, statistic=self.statistic,
-                               max_launches=self.max_launches, launch=self.launch,
+                               max_launches=self.max_launches, launch=self.launch, mode="launches",
                                log=lambda line: self.log(f"    {line}"))
         session.run()
         if session.data["interrupted"]:

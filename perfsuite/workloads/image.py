@@ -29,6 +29,7 @@ from perfsuite.cells import Cell
 from perfsuite.context import RankContext
 from perfsuite.rank import counting, faults
 from perfsuite.rank.meter import StepTimer, WallClock, metric, peak_memory, reset_peak_memory
+from perfsuite.rank.windows import Windows
 from perfsuite.workloads import image_data
 
 NUM_CLASSES = 10
@@ -274,6 +275,17 @@ def evaluate(cell: Cell, ctx: RankContext, module: nn.Module, dataset) -> float:
     return float(counts[0] / counts[1])
 
 
+def endless(loader: DataLoader, ctx: RankContext, steps: int):
+    """An epoch's batch iterator once per step, epoch after epoch: the steps
+    of resident windows (perfsuite.rank.windows), which end when told."""
+    epoch = 0
+    while True:
+        batches = epoch_batches(loader, ctx, epoch)
+        for _ in range(steps):
+            yield batches
+        epoch += 1
+
+
 PROFILED_STEPS = 10  # a window, not the whole run: traces grow with every step
 
 
@@ -345,11 +357,36 @@ def run(cell: Cell, ctx: RankContext) -> dict[str, Any]:
                 mine = batch
         return mine
 
+    def step_on(images: torch.Tensor, labels: torch.Tensor) -> None:
+        nonlocal step_index
+        if fault is None:
+            losses.append(train_step(images, labels))
+        else:  # injected slowdown: the step's own duration, scaled
+            began = time.perf_counter()
+            losses.append(train_step(images, labels))
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            faults.slow_down(fault, ctx.rank, step_index, time.perf_counter() - began)
+        step_index += 1
+
     partial = False
     loader = build_loader(cell, ctx, train_set)
     steps = steps_per_epoch(cell.strategy, len(loader), ctx.world_size, cell.max_steps)
+    windows = Windows.from_env(ctx.rank, ctx.world_size)
     with profiler, WallClock(device) as total:
-        for epoch in range(cell.epochs):
+        if windows is not None:  # resident A/B: measured windows on the coordinator's word
+            stream = endless(loader, ctx, steps)
+
+            def one_step() -> None:
+                ctx.report_progress(step_index, "window")
+                faults.at_step(fault, ctx.rank, step_index)
+                step_on(*next_batch(next(stream)))
+
+            for _ in range(cell.warmup_steps):
+                one_step()
+            window_times = windows.serve(one_step, device)
+            windows.close()
+        for epoch in range(cell.epochs if windows is None else 0):
             batches = epoch_batches(loader, ctx, epoch)
             with WallClock(device) as epoch_clock:
                 for step in range(steps):
@@ -361,16 +398,7 @@ def run(cell: Cell, ctx: RankContext) -> dict[str, Any]:
                         images, labels = next_batch(batches, waits)
                     if partial or (step == 0 and loader.num_workers > 0):
                         measured.leave_out(step_index)  # other work: see MeasuredSteps
-                    if fault is None:
-                        losses.append(train_step(images, labels))
-                    else:  # injected slowdown: the step's own duration, scaled
-                        began = time.perf_counter()
-                        losses.append(train_step(images, labels))
-                        if device.type == "cuda":
-                            torch.cuda.synchronize(device)
-                        faults.slow_down(fault, ctx.rank, step_index,
-                                         time.perf_counter() - began)
-                    step_index += 1
+                    step_on(images, labels)
                     profiler.step()
                 timer.mark()
                 waits.mark()
@@ -379,13 +407,13 @@ def run(cell: Cell, ctx: RankContext) -> dict[str, Any]:
             timer.close_epoch()
             waits.close_epoch()
 
-    samples = measured.keep(timer.all_step_times())
+    samples = measured.keep(timer.all_step_times()) if windows is None else window_times
     step_time = statistics.median(samples) if samples else float("nan")
     loss_curve = torch.stack(losses).float().cpu().tolist() if losses else []
     metrics = {
         "step_time": metric(step_time, "s", samples),
         "throughput": metric(images_per_step(cell) / step_time if samples else 0.0, "images/s"),
-        "epoch_time": metric(statistics.median(epoch_times), "s", epoch_times),
+        "epoch_time": metric(statistics.median(epoch_times or [total.seconds]), "s", epoch_times),
         "total_time": metric(total.seconds, "s"),
         "loss": metric(loss_curve[-1] if loss_curve else float("nan"), "", loss_curve),
         "h2d_bytes": metric(moved_bytes, "bytes"),
@@ -395,7 +423,8 @@ def run(cell: Cell, ctx: RankContext) -> dict[str, Any]:
     window = int(ctx.options.get("count_steps", counting.DEFAULT_WINDOW_STEPS))
     if window > 0:  # after the timed steps, on the same ranks, so every rank counts alike
         ctx.report_progress(step_index, "count")
-        if len(loader) - steps * group < window * group:  # the epoch is used up: a new one,
+        # the epoch is used up (or the windows' place in it unknown): a new one,
+        if windows is not None or len(loader) - steps * group < window * group:
             batches = epoch_batches(loader, ctx, cell.epochs)
             train_step(*next_batch(batches))  # and its first step (sampler set-up) uncounted
         counters = counting.count_window(lambda: train_step(*next_batch(batches)), device,

@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -78,6 +79,7 @@ def fake_launches(monkeypatch, **kwargs):
 def session(tmp_path, cells=None, a_env=None, b_env=None, **settings):
     side_a = ab.Side("A", sys.executable, a_env or {})
     side_b = ab.Side("B", sys.executable, b_env or {})
+    settings.setdefault("mode", "launches")  # the launch rounds; resident windows: test_resident_ab
     return ab.ABSession(cells or [tiny_image_cell(world_size=1)], side_a, side_b, tmp_path,
                         log=lambda line: None, **settings)
 
@@ -170,7 +172,7 @@ def test_other_checks_compare_a_with_b_and_a_regression_there_fails(tmp_path, mo
     lines = []
     side_a, side_b = ab.Side("A", sys.executable), ab.Side("B", sys.executable, {"FAKE_RSS": "1.2"})
     code = ab.ABSession([tiny_image_cell(world_size=1)], side_a, side_b, tmp_path,
-                        log=lines.append).run()
+                        log=lines.append, mode="launches").run()
     record = saved(tmp_path)["cells"][0]
     assert record["verdict"] == "same" and code == ab.EXIT_REGRESSED
     names = {c["name"]: c["verdict"] for c in record["checks"]}
@@ -182,7 +184,7 @@ def test_terminal_shows_launches_rounds_and_the_summary(tmp_path, monkeypatch, c
     fake_launches(monkeypatch)
     monkeypatch.setattr("perfsuite.gate.ab.check_interpreter", lambda side: None)
     code = cli.main(["ab", SMOKE_CELL, "--b-env", "FAKE_SLOW=0.1", "--max-launches", "4",
-                     "--out", str(tmp_path)])
+                     "--out", str(tmp_path), "--mode", "launches"])
     out = capsys.readouterr().out
     assert code == 1
     assert re.search(r"^  A 1 +\d+(\.\d+)? ms  \(\d+\.\d s\)$", out, re.M)
@@ -209,6 +211,7 @@ def test_the_report_section_has_a_table_per_cell_and_the_figure(tmp_path, monkey
     (["--b-env", "OMP_NUM_THREADS"], "--b-env 'OMP_NUM_THREADS': give KEY=VALUE"),
     (["--max-launches", "5"], "--max-launches 5: give an even number of at least 4"),
     (["--a-python", sys.executable, "--a-ref", "HEAD"], "a side is one or the other"),
+    (["--max-pairs", "1"], "--max-pairs 1: give at least 1 step a window, 4 quads a pair and 2 pairs"),
 ])
 def test_usage_errors_exit_2_with_a_sentence(tmp_path, capsys, argv, message):
     code = cli.main(["ab", SMOKE_CELL, "--out", str(tmp_path), *argv])
@@ -280,7 +283,7 @@ def test_a_real_cell_measured_on_both_sides_in_abba_order(tmp_path):
         ab.check_interpreter(side)
     started = time.monotonic()
     code = ab.ABSession([tiny_image_cell(world_size=1, max_steps=6)], *sides, tmp_path,
-                        max_launches=4).run()
+                        max_launches=4, mode="launches").run()
     wall_s = time.monotonic() - started
     record = saved(tmp_path)["cells"][0]
     print(f"real A/B: {len(record['launches'])} launches in {wall_s:.0f} s, "
@@ -316,7 +319,7 @@ def test_ab_launches_with_every_launching_option_of_run(tmp_path, monkeypatch):
     monkeypatch.setattr("perfsuite.gate.ab.check_interpreter", lambda side: None)
     data = tmp_path / "mnist"
     data.mkdir()
-    code = cli.main(["ab", SMOKE_CELL, "--max-launches", "4", "--out", str(tmp_path / "out"),
+    code = cli.main(["ab", SMOKE_CELL, "--max-launches", "4", "--out", str(tmp_path / "out"), "--mode", "launches",
                      "--data-dir", str(data), "--option", "llm_checkpoint_dir=/models/x", "--timeout", "90",
                      "--gpus", "0,1", "--profiler", "off", "--b-env", "FAKE_SLOW=0"])
     assert code in (ab.EXIT_OK, ab.EXIT_UNDECIDED) and len(fake.opts) == 8
@@ -349,7 +352,8 @@ def test_ab_refuses_gpu_cells_where_torch_sees_no_gpu_unless_allowed(tmp_path, c
 def test_ab_json_prints_the_verdicts_on_stdout_and_the_rest_on_stderr(tmp_path, monkeypatch, capsys):
     fake_launches(monkeypatch, launch_sigma=0.02)
     monkeypatch.setattr("perfsuite.gate.ab.check_interpreter", lambda side: None)
-    code = cli.main(["ab", SMOKE_CELL, "--b-env", "FAKE_SLOW=0.1", "--out", str(tmp_path), "--json"])
+    code = cli.main(["ab", SMOKE_CELL, "--b-env", "FAKE_SLOW=0.1", "--out", str(tmp_path), "--json",
+                     "--mode", "launches"])
     captured = capsys.readouterr()
     summary = json.loads(captured.out)
     assert code == summary["exit"] == ab.EXIT_REGRESSED and summary["ab_json"] == str(tmp_path / "ab.json")
@@ -358,3 +362,40 @@ def test_ab_json_prints_the_verdicts_on_stdout_and_the_rest_on_stderr(tmp_path, 
     assert summary["settings"]["launch_statistic"] == options.DEFAULT_LAUNCH_STATISTIC
     assert "samples" not in json.dumps(cell)
     assert "round 2:" in captured.err and f"{SMOKE_CELL}  REGRESSED" in captured.err
+
+
+# -- resident windows (perfsuite.gate.resident), real launches --------------------------
+
+def test_resident_ab_alternates_windows_between_live_launches_and_sees_a_slowdown(tmp_path):
+    """Both sides' launches up together, windows ABBA, two launch pairs; B
+    slowed by half a step is regressed, work counters counted once a side."""
+    side_a, side_b = ab.Side("A", sys.executable), ab.Side("B", sys.executable)
+    side_b.workload_options = {"fault": "slow:*:0:0.5"}
+    started = time.monotonic()
+    code = ab.ABSession([tiny_image_cell(world_size=1)], side_a, side_b, tmp_path, mode="resident",
+                        tolerance=0.1, window_steps=3, quads=4, max_pairs=2, log=lambda line: None).run()
+    record = saved(tmp_path)["cells"][0]
+    print(f"resident A/B: {record['quads']} quads over {len(record['pairs'])} pairs in "
+          f"{time.monotonic() - started:.0f} s, ratio {record['ratio']:.3f}")
+    assert record["mode"] == "resident" and record["verdict"] == "regressed" and code == ab.EXIT_REGRESSED
+    assert record["ratio"] > 1.2 and record["ci_low"] > 1.0
+    assert [p["quads"] for p in record["pairs"]] == [4, 4] and record["quads"] == 8
+    for pair in record["pairs"]:
+        assert "".join(w["side"] for w in pair["windows"]) == "ABBA" * 4
+        assert all(len(w["steps"]) == 3 and w["value"] > 0 for w in pair["windows"])
+    launches = record["launches"]
+    assert [(x["side"], x["index"], x["status"]) for x in launches] == [
+        ("A", 1, "ok"), ("B", 1, "ok"), ("A", 2, "ok"), ("B", 2, "ok")]
+    results = {(x["side"], x["index"]): json.loads((Path(x["dir"]) / "result.json").read_text())
+               for x in launches}
+    assert all(len(r["metrics"]["step_time"]["samples"]) == 4 * 2 * 3 for r in results.values())
+    assert results[("A", 1)]["counters"] and not results[("A", 2)]["counters"]  # counted once a side
+
+
+def test_resident_mode_refused_by_a_cell_is_an_error_without_launching(tmp_path, monkeypatch):
+    monkeypatch.setattr("perfsuite.gate.resident.run_cell", lambda *a, **kw: pytest.fail("launched"))
+    llm = cells.select(tier="smoke", workload="llm")[0]
+    code = session(tmp_path, cells=[llm], mode="resident").run()
+    record = saved(tmp_path)["cells"][0]
+    assert code == ab.EXIT_REGRESSED and record["verdict"] == "error"
+    assert record["reason"].startswith("--mode resident: the llm workload does not serve measured windows")

@@ -260,7 +260,7 @@ def perfsuite_repo(tmp_path, commits, bad_at):
         with open(repo / "perfsuite" / "workloads" / "image.py", "a") as module:
             module.write(f"# bisect test commit {k}\n")
         if k == bad_at:
-            with open(repo / "perfsuite" / "faults.py", "a") as module:
+            with open(repo / "perfsuite" / "rank" / "faults.py", "a") as module:
                 module.write(EXTRA_ALLREDUCE)
         shas.append(_commit(repo, f"commit {k}" + (": one more all-reduce a step" if k == bad_at else "")))
     return repo, shas

@@ -1,0 +1,146 @@
+"""The two sides of an A/B session: what runs each side's launches, and where it came from.
+
+A side is a Python interpreter (its torch, torchrun and perfsuite run the
+cell) and extra environment variables for its launches only; a git ref
+becomes a side through a worktree and a venv that reuses the current
+interpreter's packages (``checkout_side``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import site
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from perfsuite.launch.launch import LaunchOptions
+
+# The side venv's own site-packages sorts '__editable__...' before this
+# name, so the side's editable install is found before the current one's.
+BASE_SITE_PTH = "perfsuite_ab_base_site.pth"
+IMPORT_CHECK = "import torch, perfsuite; print(torch.__version__); print(perfsuite.__path__[0])"
+
+
+class ABError(ValueError):
+    """A usage or environment problem, said in a sentence (exit code 2)."""
+
+
+@dataclass
+class Side:
+    """One version under test: what runs its launches, and where it came from."""
+
+    name: str  # "A" or "B"
+    python: str
+    env: dict[str, str] = field(default_factory=dict)
+    ref: str | None = None
+    commit: str | None = None
+    setup_s: float | None = None  # git worktree + venv + editable install
+    torch: str | None = None
+    perfsuite: str | None = None  # the package directory this side imports
+    workload_options: dict[str, str] = field(default_factory=dict)  # e.g. an injected fault
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+    def options(self, launch: LaunchOptions | None = None) -> LaunchOptions:
+        """``launch`` (what the session launches with: data dir, workload
+        options, timeout, GPUs, nodes, profiler) run by this side's
+        interpreter, with its environment and workload options on top."""
+        launch = launch or LaunchOptions()
+        return replace(launch, python=self.python, env={**launch.env, **self.env},
+                       options={**launch.options, **self.workload_options})
+
+
+def launch_settings(launch: LaunchOptions | None) -> dict[str, Any]:
+    """What a session's launches were given, for its JSON file."""
+    launch = launch or LaunchOptions()
+    return {"data_dir": str(launch.data_dir) if launch.data_dir else None, "options": dict(launch.options),
+            "timeout_s": launch.timeout_s, "profiler": launch.profiler, "gpus": launch.gpus,
+            "nnodes": launch.nodes.nnodes, "slurm": launch.nodes.slurm}
+
+
+def parse_env(entries: list[str], flag: str) -> dict[str, str]:
+    """KEY=VALUE entries as a dict."""
+    env = {}
+    for entry in entries:
+        key, sep, value = entry.partition("=")
+        if not sep or not key:
+            raise ABError(f"{flag} {entry!r}: give KEY=VALUE, e.g. {flag} OMP_NUM_THREADS=2")
+        env[key] = value
+    return env
+
+
+def python_side(name: str, python: str, env: dict[str, str] | None = None) -> Side:
+    """A side run by an existing interpreter.
+
+    Launches run with PYTHONSAFEPATH=1 so that ``python -m`` does not put the
+    working directory first on sys.path: started from a checkout, its
+    packages would shadow the side's own installation.
+    """
+    found = shutil.which(python) if os.sep not in python else python
+    if not found or not Path(found).is_file():
+        raise ABError(f"side {name}: no Python interpreter at {python}")
+    if not os.access(found, os.X_OK):
+        raise ABError(f"side {name}: {python} is not executable")
+    return Side(name, os.path.abspath(found), {"PYTHONSAFEPATH": "1", **(env or {})})
+
+
+def check_interpreter(side: Side) -> None:
+    """Run the side's interpreter once: it must import torch and perfsuite."""
+    try:
+        proc = subprocess.run([side.python, "-c", IMPORT_CHECK], capture_output=True, text=True,
+                              env={**os.environ, **side.env}, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise ABError(f"side {side.name}: {side.python} could not be run ({err})") from None
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ABError(f"side {side.name}: {side.python} cannot import torch and perfsuite "
+                      f"({last}); install both into that environment")
+    side.torch, side.perfsuite = proc.stdout.splitlines()[-2:]
+
+
+def _run(argv: list[Any], what: str, cwd: Path | None = None) -> str:
+    """stdout of a setup command; its failure as an ABError naming ``what``."""
+    try:
+        proc = subprocess.run([str(a) for a in argv], capture_output=True, text=True, cwd=cwd)
+    except OSError as err:
+        raise ABError(f"{what}: {err}") from None
+    if proc.returncode != 0:
+        tail = " ".join(proc.stderr.strip().splitlines()[-3:]) or f"exit status {proc.returncode}"
+        raise ABError(f"{what} failed: {tail}")
+    return proc.stdout.strip()
+
+
+def checkout_side(name: str, ref: str, repo: Path, side_dir: Path,
+                  env: dict[str, str] | None = None, flag: str | None = None) -> Side:
+    """A side from a git ref of ``repo``: a worktree of the ref, a venv that
+    sees the current interpreter's packages (torch is reused, not
+    reinstalled), and the worktree installed into it in editable mode.
+    ``flag`` names the option the ref came from in messages (default --a-ref/--b-ref)."""
+    started = time.monotonic()
+    flag = f"{flag or f'--{name.lower()}-ref'} {ref}"
+    commit = _run(["git", "-C", repo, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
+                  f"{flag}: finding the commit in {repo}")
+    src, venv = side_dir / "src", side_dir / "venv"
+    if src.exists() or venv.exists():
+        raise ABError(f"{flag}: {side_dir} already holds a side; choose another --out")
+    _run(["git", "-C", repo, "worktree", "add", "--detach", src, commit], f"{flag}: git worktree add")
+    # No pip of its own: through the .pth below the venv runs the current one.
+    _run([sys.executable, "-m", "venv", "--without-pip", venv], f"{flag}: python -m venv")
+    python = venv / "bin" / "python"
+    purelib = Path(_run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                        f"{flag}: the venv's site-packages"))
+    # addsitedir, not a bare path: the current site-packages' own .pth files
+    # (editable installs, such as perfsuite's) must be processed too.
+    adds = "; ".join(f"site.addsitedir({p!r})" for p in site.getsitepackages())
+    (purelib / BASE_SITE_PTH).write_text(f"import site; {adds}\n")
+    _run([python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "-e", src],
+         f"{flag}: pip install -e {src}", cwd=side_dir)
+    return Side(name, str(python), {"PYTHONSAFEPATH": "1", **(env or {})}, ref=ref, commit=commit,
+                setup_s=round(time.monotonic() - started, 2))

@@ -1,0 +1,153 @@
+"""Statistics over interleaved windows: a verdict of B against A from windows
+measured seconds apart, in launches kept up side by side.
+
+A resident A/B session (perfsuite.gate.resident) measures windows of a few
+steps in the order A B B A, A B B A, ...: each group of four is a *quad*.
+Its log-ratio ``d = (log B1 + log B2 - log A1 - log A2) / 2`` (each window
+its median step) cancels drift that is linear over the quad's few seconds,
+and quads of one launch pair are close to independent. Effects tied to a
+launch (its imports, memory layout, a bad NCCL ring) are the same for every
+quad of that pair, so no number of quads from one pair can see them: the
+session runs several launch pairs, and the pairs' means are combined with a
+random-effects model (DerSimonian-Laird), whose between-pair variance
+``tau2`` widens the interval as far as the pairs disagree. Both levels are
+reported: each pair's ratio and interval, and the combined one.
+
+Pure functions of numbers (numpy, scipy), judged with ``stats.classify``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+from scipy import stats as _sps
+
+from perfsuite.stats import DEFAULT_CONFIDENCE, DEFAULT_TOLERANCE, classify
+
+ORDER = "ABBA"
+MIN_QUADS = 4  # a pair's own interval needs a few quads (3 d.o.f.)
+# Pairs whose means differ beyond their own intervals at this level are
+# called heterogeneous: a launch-level effect is there.
+HETEROGENEITY_P = 0.01
+
+
+def quad_log_ratios(windows: Sequence[tuple[str, float]]) -> list[float]:
+    """``d`` of every complete ABBA quad in ``windows`` ((side, seconds) in
+    the order measured, from the first A); an incomplete last quad is left out."""
+    out = []
+    for i in range(0, len(windows) - len(ORDER) + 1, len(ORDER)):
+        quad = windows[i:i + len(ORDER)]
+        if "".join(side for side, _ in quad) != ORDER:
+            raise ValueError(f"windows {i}-{i + 3} are {[s for s, _ in quad]}, not {list(ORDER)}")
+        if not all(math.isfinite(v) and v > 0 for _, v in quad):
+            raise ValueError(f"windows {i}-{i + 3}: a window's time is not a positive number: {quad}")
+        a = math.log(quad[0][1]) + math.log(quad[3][1])
+        b = math.log(quad[1][1]) + math.log(quad[2][1])
+        out.append((b - a) / 2)
+    return out
+
+
+@dataclass(frozen=True)
+class PairEstimate:
+    """One launch pair: the mean of its quads' log-ratios, as a ratio and interval."""
+
+    quads: int
+    ratio: float
+    ci_low: float
+    ci_high: float
+    log_mean: float
+    log_se: float
+
+
+def pair_estimate(d: Sequence[float], confidence: float = DEFAULT_CONFIDENCE) -> PairEstimate:
+    """A t interval over one pair's quads."""
+    arr = np.asarray(d, dtype=float)
+    n = arr.size
+    if n < 2:
+        mean = float(arr.mean()) if n else 0.0
+        return PairEstimate(n, math.exp(mean), 0.0, math.inf, mean, math.inf)
+    mean, se = float(arr.mean()), float(arr.std(ddof=1) / math.sqrt(n))
+    half = float(_sps.t.ppf(0.5 + confidence / 2, n - 1)) * se
+    return PairEstimate(n, math.exp(mean), math.exp(mean - half), math.exp(mean + half), mean, se)
+
+
+@dataclass(frozen=True)
+class WindowComparison:
+    """B against A over every pair: the combined verdict, and the pairs'."""
+
+    verdict: str
+    ratio: float
+    ci_low: float
+    ci_high: float
+    confidence: float
+    tolerance: float
+    quads: int
+    pairs: list[PairEstimate] = field(default_factory=list)
+    tau2: float = 0.0  # between-pair variance of the log-ratio
+    heterogeneity_p: float | None = None
+    method: str = "random-effects (DerSimonian-Laird) mean of ABBA quad log-ratios over launch pairs"
+    reason: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def compare_windows(quads_by_pair: Sequence[Sequence[float]], tolerance: float = DEFAULT_TOLERANCE,
+                    confidence: float = DEFAULT_CONFIDENCE, *, min_pairs: int = 2) -> WindowComparison:
+    """Judge B against A from the quad log-ratios of each launch pair.
+
+    Each pair's mean has its standard error from its own quads; the pairs
+    are pooled with weights ``1 / (se^2 + tau2)``, ``tau2`` the
+    DerSimonian-Laird between-pair variance, and the interval is a t
+    interval with the quads' degrees of freedom less one per pair. Fewer
+    than ``min_pairs`` pairs, or a pair with fewer than ``MIN_QUADS``
+    quads, give "unknown": one launch a side cannot tell a change from an
+    effect of that launch.
+    """
+    pairs = [pair_estimate(d, confidence) for d in quads_by_pair]
+    quads = sum(p.quads for p in pairs)
+    usable = [p for p in pairs if p.quads >= MIN_QUADS and math.isfinite(p.log_se)]
+
+    def unknown(reason: str, ratio: float = math.nan) -> WindowComparison:
+        return WindowComparison("unknown", ratio, 0.0, math.inf, confidence, tolerance, quads, pairs,
+                                reason=reason)
+
+    if len(usable) < min_pairs:
+        return unknown(f"{len(usable)} launch pair(s) with {MIN_QUADS}+ quads; a verdict weighs "
+                       f"{min_pairs}: effects of one launch are not seen in its own windows")
+    means = np.array([p.log_mean for p in usable])
+    var = np.maximum(np.array([p.log_se for p in usable]) ** 2, 1e-18)
+    w = 1.0 / var
+    fixed = float(np.sum(w * means) / np.sum(w))
+    q_stat = float(np.sum(w * (means - fixed) ** 2))
+    dof_q = len(usable) - 1
+    het_p = float(_sps.chi2.sf(q_stat, dof_q)) if dof_q > 0 else None
+    tau2 = max(0.0, (q_stat - dof_q) / (np.sum(w) - np.sum(w ** 2) / np.sum(w))) if dof_q > 0 else 0.0
+    w_re = 1.0 / (var + tau2)
+    mean = float(np.sum(w_re * means) / np.sum(w_re))
+    se = math.sqrt(1.0 / float(np.sum(w_re)))
+    dof = max(sum(p.quads for p in usable) - len(usable), 1)
+    half = float(_sps.t.ppf(0.5 + confidence / 2, dof)) * se
+    low, high = math.exp(mean - half), math.exp(mean + half)
+    verdict = classify(low, high, tolerance, estimate=math.exp(mean))
+    reason = ""
+    if het_p is not None and het_p < HETEROGENEITY_P:
+        reason = (f"the launch pairs disagree (ratios {', '.join(f'{p.ratio:.4g}' for p in usable)}; "
+                  f"heterogeneity p {het_p:.2g}): a launch-level effect, counted in the interval")
+    if verdict == "unknown":
+        reason = "; ".join(filter(None, [reason, "interval straddles 1 or a tolerance bound; "
+                                         "more quads or launch pairs would narrow it"]))
+    return WindowComparison(verdict, math.exp(mean), low, high, confidence, tolerance, quads, pairs,
+                            tau2, het_p, reason=reason)
+
+
+def window_value(step_times: Sequence[float]) -> float:
+    """One window's value: the median of its steps (a step that met a loader's
+    epoch start, or the first after parking, does not move it)."""
+    arr = np.asarray([t for t in step_times if math.isfinite(t) and t > 0], dtype=float)
+    if arr.size == 0:
+        raise ValueError(f"a window without a positive step time: {list(step_times)}")
+    return float(np.median(arr))

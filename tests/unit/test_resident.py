@@ -1,0 +1,115 @@
+"""Resident A/B: the coordinator and the ranks' windows, over a real Unix socket.
+
+The ranks here are threads running perfsuite.rank.windows' own client with
+a step that sleeps; the launches themselves are tested in test_ab.py.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from perfsuite.cells import get
+from perfsuite.gate.resident import Coordinator, ResidentError, resident_refusal, step_times_of
+from perfsuite.judge.windowstats import ORDER, quad_log_ratios, window_value
+from perfsuite.launch.launch import LaunchOptions
+from perfsuite.launch.multinode import Nodes
+from perfsuite.rank.windows import SIDE_ENV, SOCKET_ENV, Windows, WindowsLost
+
+CPU = torch.device("cpu")
+
+
+def start_ranks(coordinator, side, world, step_s, served):
+    def rank(r):
+        windows = Windows.from_env(r, world, coordinator.env(side))
+        try:
+            served[(side, r)] = windows.serve(lambda: time.sleep(step_s), CPU)
+        except WindowsLost as err:
+            served[(side, r)] = err
+        finally:
+            windows.close()
+
+    threads = [threading.Thread(target=rank, args=(r,), daemon=True) for r in range(world)]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def test_windows_alternate_and_each_side_measures_its_own_steps():
+    coordinator = Coordinator()
+    served = {}
+    try:
+        threads = start_ranks(coordinator, "A", 2, 0.004, served) + start_ranks(coordinator, "B", 2, 0.008, served)
+        coordinator.wait_ready(lambda side: True, timeout_s=30)
+        windows = []
+        for _ in range(2):
+            for side in ORDER:
+                per_rank = coordinator.window(side, 3, timeout_s=30)
+                assert len(per_rank) == 2 and all(len(times) == 3 for times in per_rank)
+                windows.append((side, window_value(step_times_of(per_rank))))
+        coordinator.stop()
+        for t in threads:
+            t.join(30)
+    finally:
+        coordinator.close()
+    ratios = [2.718281828 ** d for d in quad_log_ratios(windows)]
+    assert all(1.4 < r < 2.6 for r in ratios), ratios  # B sleeps twice as long a step
+    assert {key: len(times) for key, times in served.items()} == {
+        ("A", 0): 12, ("A", 1): 12, ("B", 0): 12, ("B", 1): 12}  # 2 quads, 2 windows a side, 3 steps
+
+
+def test_a_launch_that_ends_before_its_ranks_are_ready_is_named():
+    coordinator = Coordinator()
+    try:
+        with pytest.raises(ResidentError, match="side A's launch ended"):
+            coordinator.wait_ready(lambda side: side != "A", timeout_s=30)
+    finally:
+        coordinator.close()
+
+
+def test_ranks_end_when_the_coordinator_goes_away():
+    coordinator = Coordinator()
+    served = {}
+    threads = start_ranks(coordinator, "A", 1, 0.001, served) + start_ranks(coordinator, "B", 1, 0.001, served)
+    coordinator.wait_ready(lambda side: True, timeout_s=30)
+    coordinator.close()  # as on Ctrl-C
+    for t in threads:
+        t.join(30)
+    assert all(isinstance(v, WindowsLost) for v in served.values()) and len(served) == 2
+
+
+def test_a_rank_that_goes_away_during_a_window_is_an_error():
+    coordinator = Coordinator()
+    try:
+        def vanishing():
+            windows = Windows.from_env(0, 1, coordinator.env("A"))
+            windows.next_window()
+            windows.close()  # gone without its times
+
+        threading.Thread(target=vanishing, daemon=True).start()
+        start_ranks(coordinator, "B", 1, 0.001, {})
+        coordinator.wait_ready(lambda side: True, timeout_s=30)
+        with pytest.raises(ResidentError, match="side A"):
+            coordinator.window("A", 2, timeout_s=30)
+    finally:
+        coordinator.stop()
+        coordinator.close()
+
+
+def test_no_socket_in_the_environment_means_no_windows(tmp_path):
+    assert Windows.from_env(0, 1, {}) is None
+    gone = str(tmp_path / "gone.sock")
+    with pytest.raises(WindowsLost, match="gone.sock"):
+        Windows.from_env(0, 1, {SOCKET_ENV: gone, SIDE_ENV: "A"})
+
+
+def test_which_cells_can_be_resident():
+    image = get("smoke/image/ddp-ds/c1/fp32/px32/nopin/nchw")
+    assert resident_refusal(image, None) is None
+    llm = get("smoke/llm/lora/alpaca/c1/fp32/nopin")
+    assert "llm workload" in resident_refusal(llm, None)
+    assert "across nodes" in resident_refusal(image, LaunchOptions(nodes=Nodes(nnodes=2)))
+    assert "profiled" in resident_refusal(image, LaunchOptions(profiler="torch"))

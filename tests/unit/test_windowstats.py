@@ -1,0 +1,112 @@
+"""Verdicts from interleaved windows (perfsuite.judge.windowstats)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from perfsuite.judge.windowstats import (
+    MIN_QUADS,
+    compare_windows,
+    pair_estimate,
+    quad_log_ratios,
+    window_value,
+)
+
+
+def abba(values_a, values_b):
+    """Windows in ABBA order from per-quad (a1, a2) and (b1, b2) values."""
+    out = []
+    for (a1, a2), (b1, b2) in zip(values_a, values_b):
+        out += [("A", a1), ("B", b1), ("B", b2), ("A", a2)]
+    return out
+
+
+def test_a_quad_cancels_linear_drift():
+    # The machine slows by 1 % a window; B is the same code: d is 0 exactly.
+    drift = [1.01 ** i for i in range(8)]
+    windows = [("A", drift[0]), ("B", drift[1]), ("B", drift[2]), ("A", drift[3]),
+               ("A", drift[4]), ("B", drift[5]), ("B", drift[6]), ("A", drift[7])]
+    assert quad_log_ratios(windows) == pytest.approx([0.0, 0.0], abs=1e-12)
+
+
+def test_a_quad_sees_a_change_of_b():
+    d = quad_log_ratios(abba([(1.0, 1.0)], [(1.05, 1.05)]))
+    assert math.exp(d[0]) == pytest.approx(1.05)
+
+
+def test_windows_out_of_order_or_not_positive_are_refused():
+    with pytest.raises(ValueError, match="not"):
+        quad_log_ratios([("A", 1.0), ("A", 1.0), ("B", 1.0), ("B", 1.0)])
+    with pytest.raises(ValueError, match="positive"):
+        quad_log_ratios([("A", 1.0), ("B", 0.0), ("B", 1.0), ("A", 1.0)])
+    assert quad_log_ratios([("A", 1.0), ("B", 1.0), ("B", 1.0)]) == []  # incomplete: left out
+
+
+def test_window_value_is_the_median_step():
+    assert window_value([0.1, 0.1, 0.5, 0.1, 0.1]) == pytest.approx(0.1)  # one loader restart
+    with pytest.raises(ValueError):
+        window_value([])
+
+
+def noisy_pairs(rng, ratio, pairs=2, quads=16, sd=0.02, pair_offsets=None):
+    offsets = pair_offsets or [0.0] * pairs
+    return [list(math.log(ratio) + off + rng.normal(0, sd, quads)) for off in offsets]
+
+
+def test_one_pair_is_never_a_verdict():
+    cmp = compare_windows([[0.05] * 16], tolerance=0.02)
+    assert cmp.verdict == "unknown" and "launch pair" in cmp.reason
+
+
+def test_pairs_of_unchanged_code_are_the_same():
+    rng = np.random.default_rng(1)
+    cmp = compare_windows(noisy_pairs(rng, 1.0), tolerance=0.02)
+    assert cmp.verdict == "same" and cmp.ci_low >= 0.98 and cmp.ci_high <= 1.02
+    assert len(cmp.pairs) == 2 and all(p.quads == 16 for p in cmp.pairs)
+
+
+def test_a_five_percent_slowdown_is_regressed():
+    rng = np.random.default_rng(2)
+    cmp = compare_windows(noisy_pairs(rng, 1.05), tolerance=0.02)
+    assert cmp.verdict == "regressed" and cmp.ci_low > 1.0 and cmp.ratio == pytest.approx(1.05, rel=0.02)
+
+
+def test_pairs_that_disagree_widen_the_interval():
+    """A launch-level effect (one pair 3 % slower on B, the other not) is
+    counted: the interval is wider than the quads alone would make it, and
+    the reason says the pairs disagree."""
+    rng = np.random.default_rng(3)
+    agreeing = compare_windows(noisy_pairs(rng, 1.0, sd=0.005), tolerance=0.02)
+    disagreeing = compare_windows(noisy_pairs(rng, 1.0, sd=0.005, pair_offsets=[0.0, 0.03]), tolerance=0.02)
+    assert disagreeing.tau2 > 0 and "disagree" in disagreeing.reason
+    def width(cmp):
+        return math.log(cmp.ci_high / cmp.ci_low)
+
+    assert width(disagreeing) > 3 * width(agreeing)
+    assert disagreeing.verdict != "regressed"
+
+
+def test_a_pair_with_too_few_quads_does_not_count():
+    short = [[0.0] * (MIN_QUADS - 1), [0.0] * 16]
+    assert compare_windows(short, tolerance=0.02).verdict == "unknown"
+
+
+def test_pair_estimate_interval_contains_its_mean():
+    est = pair_estimate([0.01, 0.02, 0.0, 0.015])
+    assert est.ci_low < est.ratio < est.ci_high and est.quads == 4
+
+
+def test_false_alarms_stay_near_the_confidence_level():
+    """Simulated unchanged sessions with a launch-level effect of 0.5 %
+    (s.d.) between pairs: regressed at most about as often as the
+    confidence allows."""
+    rng = np.random.default_rng(4)
+    called = 0
+    for _ in range(400):
+        offsets = list(rng.normal(0, 0.005, 2))
+        cmp = compare_windows(noisy_pairs(rng, 1.0, sd=0.02, pair_offsets=offsets), tolerance=0.02)
+        called += cmp.verdict == "regressed"
+    assert called / 400 <= 0.05
