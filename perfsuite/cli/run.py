@@ -67,6 +67,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.ids and not args.tier:
         raise UsageProblem("perfsuite run: give cell ids or --tier; `perfsuite list` prints ids")
     chosen = cells_mod.select(tier=args.tier, workload=args.workload, ids=args.ids)
+    if not chosen:  # a green run must have measured something
+        asked = ", ".join(f"{k} {v}" for k, v in (("tier", args.tier), ("workload", args.workload)) if v)
+        raise UsageProblem(f"perfsuite run: {asked} selects no cell; `perfsuite list"
+                           f"{f' --tier {args.tier}' if args.tier else ''}` prints the cells there are")
     try:
         launch = launch_options(
             data_dir=args.data_dir, options=args.option, timeout=args.timeout,

@@ -84,15 +84,16 @@ class Coordinator:
     def ready(self, side: str) -> bool:
         return side in self.world and len(self.ranks[side]) == self.world[side]
 
-    def wait_ready(self, alive: Callable[[str], bool], timeout_s: float = READY_TIMEOUT_S) -> float:
-        """Seconds until every rank of both sides said it is ready."""
+    def wait_ready(self, alive: Callable[[str], bool], timeout_s: float = READY_TIMEOUT_S,
+                   sides: tuple[str, ...] = ("A", "B")) -> float:
+        """Seconds until every rank of ``sides`` said it is ready."""
         started = time.monotonic()
-        while not all(self.ready(side) for side in self.ranks):
-            for side in self.ranks:
+        while not all(self.ready(side) for side in sides):
+            for side in sides:
                 if not self.ready(side) and not alive(side):
                     raise ResidentError(f"side {side}'s launch ended before its ranks were ready")
             if time.monotonic() - started > timeout_s:
-                waiting = [s for s in self.ranks if not self.ready(s)]
+                waiting = [s for s in sides if not self.ready(s)]
                 raise ResidentError(f"side(s) {', '.join(waiting)} not ready within {timeout_s:.0f} s")
             readable, _, _ = select.select([self.server], [], [], 0.5)
             if readable:
@@ -174,20 +175,26 @@ def run_pair(cell: Cell, options: dict[str, LaunchOptions], dirs: dict[str, Path
     windows (fewer where ``stop_after(windows)`` says so after a quad)."""
     coordinator = Coordinator()
     results: dict[str, dict[str, Any]] = {}
-    threads = {}
-    for side in ORDER[:2]:
-        # No forked agent: a fork from a process with another thread running can deadlock.
-        opts = replace(options[side], env={**options[side].env, **coordinator.env(side),
-                                           "PERFSUITE_FORK_AGENT": "0"})
-        threads[side] = threading.Thread(
-            target=lambda s=side, o=opts: results.__setitem__(s, run_cell(cell, dirs[s], o)),
-            name=f"perfsuite-ab-side-{side}", daemon=True)
-        threads[side].start()
+    threads: dict[str, threading.Thread] = {}
     windows: list[dict[str, Any]] = []
     ready_s, error = None, None
     timeout = float(options["A"].timeout_s or cell.timeout_s)
+    started = time.monotonic()
     try:
-        ready_s = coordinator.wait_ready(lambda s: threads[s].is_alive(), min(timeout, READY_TIMEOUT_S))
+        # One side after the other: two torchrun agents started at once can
+        # pick the same free port for their rendezvous (seen: one waited in
+        # the other's until its timeout), and on a small machine their
+        # imports would only slow each other.
+        for side in ORDER[:2]:
+            # No forked agent: a fork from a process with another thread running can deadlock.
+            opts = replace(options[side], env={**options[side].env, **coordinator.env(side),
+                                               "PERFSUITE_FORK_AGENT": "0"})
+            threads[side] = threading.Thread(
+                target=lambda s=side, o=opts: results.__setitem__(s, run_cell(cell, dirs[s], o)),
+                name=f"perfsuite-ab-side-{side}", daemon=True)
+            threads[side].start()
+            coordinator.wait_ready(lambda s: threads[s].is_alive(), min(timeout, READY_TIMEOUT_S), (side,))
+        ready_s = time.monotonic() - started
         for _ in range(quads):
             for side in ORDER:
                 began = time.time()

@@ -157,8 +157,9 @@ def resolve_url(url: str | os.PathLike | None) -> str:
     if url is None or str(url) == "":
         url = os.environ.get(HISTORY_ENV) or DEFAULT_PATH
     text = str(url)
-    if "://" not in text:
-        return f"sqlite:///{Path(text).expanduser().resolve()}"
+    if "://" not in text:  # a path is a path: built as an URL, never read as one (%2F, ?, #)
+        path = str(Path(text).expanduser().resolve())
+        return sa.URL.create("sqlite", database=path).render_as_string(hide_password=False)
     if text.startswith(("postgresql://", "postgres://", "postgresql+psycopg://")):
         from perfsuite import extras
 

@@ -335,6 +335,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus):
     """Write the report before any other plugin's end of session can raise
     (pytest-benchmark's --benchmark-compare-fail does)."""
     runner: Runner = session.config.stash.get(SESSION_KEY, None)
+    config = session.config
+    if (config.getoption("--perf-fail-on-skipped") and (runner is None or not runner.results)
+            and not config.option.collectonly and not _xdist_worker(config)
+            and usercells.rank_session() is None
+            and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED)):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED  # a green run must have judged something
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line("perfsuite: no cell was measured (--perf-fail-on-skipped): every perf "
+                                "test was deselected or skipped at collection (an empty axis?)", red=True)
     if runner is not None and runner.results and runner.file.path.exists():
         try:  # the report is for people; it never changes the session's outcome
             from perfsuite.report.html import write_reports

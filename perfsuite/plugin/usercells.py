@@ -22,6 +22,7 @@ starts no process.
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Any
 
@@ -62,6 +63,17 @@ def _ranks(marker: pytest.Mark) -> list[int]:
     return list(dict.fromkeys(ranks))
 
 
+def _timeout(marker: pytest.Mark) -> dict[str, int]:
+    given = marker.kwargs.get("timeout")
+    if given is None:
+        return {}
+    number = isinstance(given, (int, float)) and not isinstance(given, bool)
+    if not number or not math.isfinite(given) or given <= 0:
+        pytest.fail(f"@pytest.mark.{MARKER}(timeout={given!r}): give a number of seconds (> 0) "
+                    "for the whole launch, or leave it out", pytrace=False)
+    return {"timeout_s": math.ceil(given)}  # whole seconds, as a cell keeps them
+
+
 def _devices(marker: pytest.Mark, config: pytest.Config) -> tuple[str, ...]:
     session = rank_session()
     if session is not None:  # in a rank: the device of the cell it runs
@@ -85,8 +97,7 @@ def parametrize(metafunc: pytest.Metafunc) -> None:
     if marker is None:
         pytest.fail(f"{metafunc.definition.nodeid}: {' and '.join(FIXTURES)} run in the ranks of a "
                     f"measured test: mark it @pytest.mark.{MARKER}(N)", pytrace=False)
-    timeout = marker.kwargs.get("timeout")
-    extra = {"timeout_s": int(timeout)} if timeout else {}
+    extra = _timeout(marker)
     try:
         chosen = [cells_mod.cell_of_test(metafunc.definition.nodeid, n, device, **extra)
                   for device in _devices(marker, metafunc.config) for n in _ranks(marker)]

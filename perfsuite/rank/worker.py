@@ -16,6 +16,7 @@ import argparse
 import faulthandler
 import importlib
 import json
+import math
 import os
 import signal
 import socket
@@ -23,7 +24,9 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from perfsuite.cells import Cell
 from perfsuite.context import RankContext
@@ -137,6 +140,50 @@ def _end_process_group() -> None:
         dist.destroy_process_group()
 
 
+class WorkloadRecordError(TypeError):
+    """A workload returned a record the results cannot take; the message names the field."""
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_measured(measured: dict, workload: str, taken: set[str]) -> None:
+    """What a workload returned, checked where it is made: ``metrics`` name ->
+    {value: number, unit: str, samples: [numbers]}, ``steps`` a count,
+    ``counters``/``info``/``profile`` mappings, everything JSON; none of the
+    record's own keys. Raises WorkloadRecordError naming the field."""
+    def bad(field: str, why: str) -> WorkloadRecordError:
+        return WorkloadRecordError(f"workload {workload!r} returned a record whose {field} {why} "
+                                   "(perfsuite.steps.Steps.record() makes one; docs/how-to/own-workload.md)")
+
+    for key in sorted(set(measured) & taken):
+        raise bad(key, "is the worker's own field; leave it out")
+    metrics = measured.get("metrics", {})
+    if not isinstance(metrics, Mapping):
+        raise bad("metrics", f"is a {type(metrics).__name__}, not a mapping of metric names")
+    for name, entry in metrics.items():
+        if not isinstance(entry, Mapping):
+            raise bad(f"metrics.{name}", f"is {entry!r}, not {{'value': number, 'unit': str}}")
+        value = entry.get("value")
+        if not (_number(value) or (isinstance(value, float) and math.isnan(value))):
+            raise bad(f"metrics.{name}.value", f"is {value!r}, not a number")
+        samples = entry.get("samples", [])
+        if not isinstance(samples, list) or not all(_number(s) for s in samples):
+            raise bad(f"metrics.{name}.samples", "is not a list of finite numbers")
+    steps = measured.get("steps", 0)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise bad("steps", f"is {steps!r}, not a count of steps")
+    for key in ("counters", "info", "profile"):
+        if measured.get(key) is not None and not isinstance(measured[key], Mapping):
+            raise bad(key, f"is a {type(measured[key]).__name__}, not a mapping")
+    for key, value in measured.items():
+        try:
+            json.dumps(value, allow_nan=True)
+        except (TypeError, ValueError) as err:
+            raise bad(key, f"cannot be written as JSON ({err})") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     # First of all, before torch's seconds of imports: a rank ends with its
     # torchrun agent (or nsys), and with the launcher even where that is not
@@ -175,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         if not isinstance(measured, dict):
             raise TypeError(f"workload {cell.workload!r} returned {type(measured).__name__}, not "
                             "its record (a dict: metrics, steps, ...; perfsuite.steps.Steps.record())")
+        check_measured(measured, cell.workload, {*record, "status", "reason", "error", "finished"})
         record.update(measured)
         _end_process_group()
         record["status"] = "ok"

@@ -430,3 +430,11 @@ def test_history_detection_prints_its_figures_as_json(tmp_path, capsys, monkeypa
     said = json.loads(capsys.readouterr().out)
     assert said["statistic"] == "median" and "launch_spread of launch medians" in said["noise"]
     assert [f["launches"] for f in said["figures"]] == [1, 2] and all(f["series"] == 2 for f in said["figures"])
+
+
+def test_a_run_that_selects_no_cell_is_a_usage_error(capsys):
+    from perfsuite.cli.main import main
+
+    assert main(["run", "--tier", "smoke", "--workload", "probe", "--history", "off"]) == 2
+    err = capsys.readouterr().err
+    assert "tier smoke, workload probe selects no cell" in err and "Traceback" not in err

@@ -246,3 +246,13 @@ def test_cell(perf_cell, perf_result):
     from perfsuite import cells
 
     assert not cells.select(workload="mymodel.train:run")  # that session's, not this one's
+
+
+@pytest.mark.parametrize("given", ['"x"', "0", "-5", "True", "float('nan')"])
+def test_a_timeout_that_is_no_number_of_seconds_is_a_collection_error_naming_it(pytester, given):
+    pytester.makepyfile(f"import pytest\n\n@pytest.mark.perf_ranks(1, timeout={given})\n"
+                        "def test_slow(perf_steps):\n    pass\n")
+    run = pytester.runpytest("--collect-only")
+    text = run.stdout.str()
+    assert run.ret != 0 and "Traceback" not in text and "INTERNALERROR" not in text
+    assert "timeout=" in text and "a number of seconds (> 0)" in text

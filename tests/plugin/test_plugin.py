@@ -61,3 +61,11 @@ def test_cli_list_prints_one_id_per_line(capsys):
 def test_cli_run_unknown_id_names_it(capsys):
     assert cli_main(["run", "smoke/image/nope"]) == 2
     assert "smoke/image/nope" in capsys.readouterr().err
+
+
+def test_a_session_that_measured_no_cell_fails_with_fail_on_skipped(pytester):
+    pytester.makepyfile("def test_plain():\n    pass\n")
+    strict = pytester.runpytest("--perf-fail-on-skipped", "--perf-history", "off")
+    assert strict.ret == pytest.ExitCode.TESTS_FAILED
+    strict.stdout.fnmatch_lines(["*no cell was measured (--perf-fail-on-skipped)*"])
+    assert pytester.runpytest("--perf-history", "off").ret == pytest.ExitCode.OK  # without it, as before

@@ -731,3 +731,15 @@ def test_a_version_1_postgresql_store_is_migrated(tmp_path, postgres_url):
     with History(url, create=False) as store:
         assert store.version == history_schema.SCHEMA_VERSION
     assert purposes(url) == {"tried": ("experiment", {"fault": "slow:0:5:0.5"}), "plain": ("run", {})}
+
+
+@pytest.mark.parametrize("folder", ["feature%2Fx", "what?q=1", "issue#7", "space d", "ünï"])
+def test_a_store_path_is_a_path_never_an_url(tmp_path, folder):
+    """A Jenkins workspace named feature%2Fx: the store lands where the path
+    says, not URL-decoded elsewhere, and a '?' or '#' is part of the name."""
+    path = tmp_path / folder / "history.sqlite"
+    url = history_schema.resolve_url(path)
+    assert history_schema.sqlite_file(url) == path.resolve()
+    with History(url) as history:
+        assert history.url == url
+    assert path.is_file() and sorted(p.name for p in tmp_path.iterdir()) == [folder]

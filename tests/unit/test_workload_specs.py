@@ -258,3 +258,35 @@ def test_a_test_runs_in_the_rank_as_its_own_cell_and_fails_with_its_message(proj
     assert "assert 8 == 4" in error["message"]  # pytest's explanation, from the rank
     assert 'test_rank.py", line 12, in test_widths' in error["traceback"]
     assert "_pytest" not in error["traceback"]  # the test's frames, not pytest's
+
+
+@pytest.mark.parametrize("returned, named", [
+    ('{"metrics": [1, 2]}', "metrics"),
+    ('{"metrics": {"step_time": 0.1}}', "metrics.step_time"),
+    ('{"metrics": {"step_time": {"value": "fast", "unit": "s"}}}', "metrics.step_time.value"),
+    ('{"metrics": {"step_time": {"value": 0.1, "unit": "s", "samples": [0.1, None]}}}',
+     "metrics.step_time.samples"),
+    ('{"steps": "many"}', "steps"),
+    ('{"counters": 3}', "counters"),
+    ('{"status": "ok", "metrics": {}}', "status"),
+    ('{"info": {"model": object()}}', "info"),
+])
+def test_a_workload_record_of_the_wrong_shape_is_that_cells_error(project, monkeypatch, returned, named):
+    """Checked in the rank, where it is made: the record says which field is
+    wrong, and the cell is an error instead of the results merge's traceback."""
+    from perfsuite.rank import worker
+
+    module = "bad_" + named.replace(".", "_")  # one module a case: an imported one stays imported
+    (project / f"{module}.py").write_text(f"def train(cell, ctx):\n    return {returned}\n")
+    monkeypatch.setattr(worker, "die_with_parent", lambda ppid: True)
+    monkeypatch.setattr(worker, "watch_launcher", lambda: None)
+    monkeypatch.setattr(worker, "faulthandler", types.SimpleNamespace(register=lambda *a, **k: None))
+    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(_free_port())}.items():
+        monkeypatch.setenv(key, value)
+    cell = Cell(tier="smoke", workload=f"{module}:train", **cells.USER_DEFAULTS)
+    (project / "cell.json").write_text(json.dumps(cell.params()))
+    assert worker.main(["--cell-file", str(project / "cell.json"), "--out", str(project)]) == 1
+    record = json.loads((project / "rank0.json").read_text())
+    assert record["status"] == "error" and record["error"]["type"] == "WorkloadRecordError"
+    assert f"workload '{module}:train' returned a record whose {named}" in record["error"]["message"]
