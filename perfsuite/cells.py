@@ -19,6 +19,7 @@ import dataclasses
 import itertools
 import os
 import re
+import typing
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -237,15 +238,74 @@ def set_added_experiments(paths: Iterable[Path | str]) -> None:
     findings.cache_clear()
 
 
+_JSON_TYPES = {int: "integer", float: "number", bool: "boolean", str: "string"}
+
+
+def experiment_schema() -> dict[str, Any]:
+    """The JSON Schema of an experiment file, its parameters' types read from ``Cell``."""
+    hints = typing.get_type_hints(Cell)
+    param = {name: {"type": _JSON_TYPES[hints[name]]} for name in hints if hints[name] in _JSON_TYPES}
+    param["sources"] = {"type": "array", "items": {"type": "string"}}
+    params = {"type": "object", "properties": param, "additionalProperties": False}
+    axes = {"type": "object", "additionalProperties": False,
+            "properties": {k: {"type": "array", "minItems": 1, "items": v} for k, v in param.items()}}
+    experiment = {"type": "object", "required": ["name", "tier", "workload"], "additionalProperties": False,
+                  "properties": {"name": {"type": "string"}, "tier": {"type": "string"},
+                                 "workload": {"type": "string"}, "source": {"type": "string"},
+                                 "fixed": params, "axes": axes}}
+    return {"type": "object", "properties": {
+        "experiment": {"type": "array", "items": experiment},
+        "defaults": {"type": "object", "additionalProperties": {
+            "type": "object", "additionalProperties": params}},
+        "finding": {"type": "array", "items": {"type": "object"}},
+        "limits": {"type": "object"}}}
+
+
+def check_experiment_file(data: dict[str, Any], path: Path | str) -> None:
+    """Refuse an experiment file of the wrong shape, naming the place and the type expected."""
+    from jsonschema import Draft202012Validator
+
+    errors = sorted(Draft202012Validator(experiment_schema()).iter_errors(data), key=lambda e: list(e.path))
+    if not errors:
+        for exp in data.get("experiment", []):
+            both = sorted(set(exp.get("fixed", {})) & set(exp.get("axes", {})))
+            if both:
+                raise CellError(f"{path}: experiment {exp['name']!r}: {both[0]} is both fixed and on an "
+                                "axis; keep one")
+        return
+    err = errors[0]
+    where = list(err.path)
+    if where[:1] == ["experiment"] and len(where) > 1:
+        name = data["experiment"][where[1]].get("name", f"#{where[1] + 1}") if isinstance(
+            data["experiment"], list) and isinstance(data["experiment"][where[1]], dict) else f"#{where[1] + 1}"
+        place = f"experiment {name!r}" + "".join(f".{p}" for p in where[2:])
+    else:
+        place = ".".join(str(p) for p in where) or "the file"
+    if err.validator == "additionalProperties":
+        extra = sorted(set(err.instance) - set(err.schema.get("properties", {})))
+        why = f"unknown key(s) {extra}; known: {sorted(err.schema.get('properties', {}))}"
+    elif err.validator == "type":
+        why = f"is {err.instance!r}, expected {err.validator_value}"
+        if where == ["experiment"]:
+            why += " (write [[experiment]] for each experiment, not [experiment])"
+    else:
+        why = err.message
+    raise CellError(f"{path}: {place}: {why}")
+
+
 def load_matrix(paths: Iterable[Path] | None = None) -> dict[str, Cell]:
     """Every cell of the experiment files, keyed by id, sources merged."""
     paths = experiment_paths() if paths is None else list(paths)
     matrix: dict[str, Cell] = {}
     for path in paths:
         try:
-            data = tomllib.loads(Path(path).read_text())
+            data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
         except tomllib.TOMLDecodeError as err:
             raise CellError(f"{path}: not valid TOML ({err}); fix the file") from None
+        except UnicodeDecodeError as err:
+            raise CellError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); "
+                            "save it as UTF-8") from None
+        check_experiment_file(data, path)
         for exp in data.get("experiment", []):
             for cell in _cells_of_experiment(exp, data.get("defaults", {}), str(path)):
                 seen = matrix.get(cell.id)

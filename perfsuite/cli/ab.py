@@ -175,9 +175,25 @@ def cmd_ab(args: argparse.Namespace) -> int:
 
     from perfsuite.gate import ab
     from perfsuite.runner import handle_sigterm
+    from perfsuite.system.locking import FolderLock
 
     default_out = Path(".perfsuite") / f"ab-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     out = (args.out or default_out).resolve()
+    lock = FolderLock(out, "perfsuite ab session")
+    try:
+        return _ab_session(args, ab, out, lock, handle_sigterm)
+    finally:
+        lock.release()
+
+
+# What another kind of session leaves in its folder: ab takes none of them.
+OTHER_SESSIONS = {"ab.json": "an A/B session", "results.json": "a perfsuite run",
+                  "bisect.json": "a bisect session"}
+
+
+def _ab_session(args: argparse.Namespace, ab: Any, out: Path, lock: Any, handle_sigterm: Any) -> int:
+    from perfsuite.system.locking import LockBusy
+
     try:
         chosen = _ab_cells([*args.targets, *([args.tier] if args.tier else [])])
         if not chosen:
@@ -186,8 +202,15 @@ def cmd_ab(args: argparse.Namespace) -> int:
         ab.check_settings(args.tolerance, args.launch_statistic, args.max_launches)
         ab.check_resident_settings(args.mode, args.window_steps, args.quads, args.max_pairs)
         launch = _launching(args, chosen)
-        if (out / "ab.json").exists():
-            raise ab.ABError(f"{out} already holds an A/B session (ab.json); choose another --out")
+        held = [f"{what} ({name})" for name, what in OTHER_SESSIONS.items() if (out / name).exists()]
+        if held:
+            raise ab.ABError(f"{out} already holds {held[0]}; choose another --out")
+        try:
+            lock.acquire()  # a second session into this folder is refused, never mixed in
+        except LockBusy as err:
+            raise ab.ABError(str(err)) from None
+        except OSError as err:
+            raise ab.ABError(f"--out {out}: cannot create it ({err.strerror or err})") from None
         handle_sigterm()
         sides = [_ab_side(args, name, out) for name in "AB"]
         for side in sides:

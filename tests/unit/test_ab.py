@@ -302,7 +302,8 @@ def test_the_detection_benchmark_judges_ab_on_itself(tmp_path, monkeypatch):
     from perfsuite.gate import detection
 
     fake_launches(monkeypatch)
-    out = detection.measure_ab_detection(trials=2, work_dir=tmp_path, log=lambda line: None)
+    out = detection.measure_ab_detection(trials=2, work_dir=tmp_path, mode="launches", tolerance=0.05,
+                                         log=lambda line: None)
     assert out["caught_10"] == 2 and out["false_alarms"] == 0
     assert sum(out["verdicts"]["slow 5%"].values()) == 2  # 5 % sits on the 5 % tolerance
     assert set(out["median_seconds"]) == set(detection.CONDITIONS)
@@ -399,3 +400,21 @@ def test_resident_mode_refused_by_a_cell_is_an_error_without_launching(tmp_path,
     record = saved(tmp_path)["cells"][0]
     assert code == ab.EXIT_REGRESSED and record["verdict"] == "error"
     assert record["reason"].startswith("--mode resident: the llm workload does not serve measured windows")
+
+
+def test_a_second_ab_session_into_one_folder_is_refused_and_loses_nothing(tmp_path, capsys):
+    from perfsuite.system.locking import FolderLock
+
+    with FolderLock(tmp_path, "perfsuite ab session"):  # the first session, still running
+        assert cli.main(["ab", SMOKE_CELL, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path} is in use (perfsuite ab session)" in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == []
+
+
+@pytest.mark.parametrize("left, what", [("results.json", "a perfsuite run"), ("bisect.json", "a bisect session")])
+def test_ab_refuses_a_folder_holding_another_kind_of_session(tmp_path, capsys, left, what):
+    (tmp_path / left).write_text("{}")
+    assert cli.main(["ab", SMOKE_CELL, "--out", str(tmp_path)]) == 2
+    assert f"already holds {what} ({left})" in capsys.readouterr().err
+    assert (tmp_path / left).read_text() == "{}"
