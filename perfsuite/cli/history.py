@@ -90,7 +90,7 @@ def _change_lines(change) -> list[str]:
 
 def _cmd_changes(args: argparse.Namespace) -> int:
     from perfsuite.history.changes import find_changes, regressed_at_head
-    from perfsuite.history.store import History, HistoryError
+    from perfsuite.history.store import HistoryError
 
     if not 0 < args.max_pvalue < 1 or args.min_change < 0 or args.window < 2:
         return _fail("changes", ValueError("--max-pvalue must lie in (0, 1), --min-change >= 0, "
@@ -99,12 +99,7 @@ def _cmd_changes(args: argparse.Namespace) -> int:
     if include is None:
         return EXIT_USAGE
     try:
-        with History(args.history, create=False) as history:
-            series = history.series(cell=args.cell, metric=args.metric, since=args.since,
-                                    branch=args.branch, launch_statistic=args.launch_statistic,
-                                    include=include)
-            left_out = history.left_out(cell=args.cell, metric=args.metric, since=args.since,
-                                        branch=args.branch, include=include)
+        series, left_out, _ = _read_series(args, include)
     except HistoryError as err:
         return _fail("changes", err)
     if not series:
@@ -152,20 +147,30 @@ def _cmd_changes(args: argparse.Namespace) -> int:
     return EXIT_REGRESSED if at_head else EXIT_OK
 
 
+def _read_series(args: argparse.Namespace, include: tuple[str, ...], *,
+                 cell_ids: bool = False) -> tuple[list, dict[str, int], list[str]]:
+    """The series ``history changes`` and ``show`` read, the runs they leave
+    out, and (``cell_ids``, where neither holds any) the store's cell ids."""
+    from perfsuite.history.store import History
+
+    with History(args.history, create=False) as history:
+        series = history.series(cell=args.cell, metric=args.metric, since=args.since,
+                                branch=args.branch, launch_statistic=args.launch_statistic,
+                                include=include)
+        left_out = history.left_out(cell=args.cell, metric=args.metric, since=args.since,
+                                    branch=args.branch, include=include)
+        known = history.cell_ids() if cell_ids and not series and not left_out else []
+    return series, left_out, known
+
+
 def _cmd_show(args: argparse.Namespace) -> int:
-    from perfsuite.history.store import History, HistoryError, left_out_line, when
+    from perfsuite.history.store import HistoryError, left_out_line, when
 
     include = _include(args, "show")
     if include is None:
         return EXIT_USAGE
     try:
-        with History(args.history, create=False) as history:
-            series = history.series(cell=args.cell, metric=args.metric, since=args.since,
-                                    branch=args.branch, launch_statistic=args.launch_statistic,
-                                    include=include)
-            left_out = history.left_out(cell=args.cell, metric=args.metric, since=args.since,
-                                        branch=args.branch, include=include)
-            known = history.cell_ids() if not series and not left_out else []
+        series, left_out, known = _read_series(args, include, cell_ids=True)
     except HistoryError as err:
         return _fail("show", err)
     if not series:

@@ -192,16 +192,21 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def test_worker_runs_a_module_function_and_writes_its_record(project, monkeypatch):
-    from perfsuite.rank import worker
-
-    # the worker's own process set-up would act on the test process: left out
+def as_rank_zero(monkeypatch, worker, **env):
+    """The worker in this process as the one rank of a launch: its own
+    process set-up, which would act on the test process, left out."""
     monkeypatch.setattr(worker, "die_with_parent", lambda ppid: True)
     monkeypatch.setattr(worker, "watch_launcher", lambda: None)
     monkeypatch.setattr(worker, "faulthandler", types.SimpleNamespace(register=lambda *a, **k: None))
     for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": str(_free_port())}.items():
+                       **env}.items():
         monkeypatch.setenv(key, value)
+
+
+def test_worker_runs_a_module_function_and_writes_its_record(project, monkeypatch):
+    from perfsuite.rank import worker
+
+    as_rank_zero(monkeypatch, worker, MASTER_PORT=str(_free_port()))
     cell = Cell(tier="smoke", workload="mywork:train", **cells.USER_DEFAULTS)
     (project / "cell.json").write_text(json.dumps(cell.params()))
     assert worker.main(["--cell-file", str(project / "cell.json"), "--out", str(project)]) == 0
@@ -235,12 +240,7 @@ def test_a_test_runs_in_the_rank_as_its_own_cell_and_fails_with_its_message(proj
     from perfsuite.rank import worker
 
     (project / "test_rank.py").write_text(RANK_TESTS)
-    monkeypatch.setattr(worker, "die_with_parent", lambda ppid: True)
-    monkeypatch.setattr(worker, "watch_launcher", lambda: None)
-    monkeypatch.setattr(worker, "faulthandler", types.SimpleNamespace(register=lambda *a, **k: None))
-    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                       "PERFSUITE_PYTEST_ROOTDIR": str(project)}.items():
-        monkeypatch.setenv(key, value)
+    as_rank_zero(monkeypatch, worker, PERFSUITE_PYTEST_ROOTDIR=str(project))
     records = {}
     for width in (4, 8):
         monkeypatch.setenv("MASTER_PORT", str(_free_port()))
@@ -278,12 +278,7 @@ def test_a_workload_record_of_the_wrong_shape_is_that_cells_error(project, monke
 
     module = "bad_" + named.replace(".", "_")  # one module a case: an imported one stays imported
     (project / f"{module}.py").write_text(f"def train(cell, ctx):\n    return {returned}\n")
-    monkeypatch.setattr(worker, "die_with_parent", lambda ppid: True)
-    monkeypatch.setattr(worker, "watch_launcher", lambda: None)
-    monkeypatch.setattr(worker, "faulthandler", types.SimpleNamespace(register=lambda *a, **k: None))
-    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": str(_free_port())}.items():
-        monkeypatch.setenv(key, value)
+    as_rank_zero(monkeypatch, worker, MASTER_PORT=str(_free_port()))
     cell = Cell(tier="smoke", workload=f"{module}:train", **cells.USER_DEFAULTS)
     (project / "cell.json").write_text(json.dumps(cell.params()))
     assert worker.main(["--cell-file", str(project / "cell.json"), "--out", str(project)]) == 1
