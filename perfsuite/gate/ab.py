@@ -242,12 +242,9 @@ class ABSession:
                 result = run.results.get(name) or {"status": "error", "reason": run.error or "no result"}
                 self._file_launch(self.sides[name], pair, result, started, record)
                 if result["status"] != "ok" or run.error:
-                    skipped = result["status"] == "skipped" and pair == 1
                     ended = f"side {name}'s launch ended {result['status']}: {result.get('reason')}"
-                    record.update(verdict="skipped" if skipped else "error", reason=(
-                        result.get("reason") if skipped else
-                        f"pair {pair}: {ended if result['status'] != 'ok' else run.error}"))
-                    self.write()
+                    self._stopped(record, result, pair == 1,
+                                  f"pair {pair}: {ended if result['status'] != 'ok' else run.error}")
                     return results
                 results[name].append(result)
             quads_by_pair.append(quad_log_ratios([(w["side"], w["value"]) for w in run.windows]))
@@ -274,6 +271,14 @@ class ABSession:
         self.write()
         return results
 
+    def _stopped(self, record: dict[str, Any], result: dict[str, Any], first: bool, failed: str) -> None:
+        """A cell stopped by a launch: ``skipped`` where its first launches
+        skipped it (no GPU, no data), else an error saying ``failed``."""
+        skipped = result["status"] == "skipped" and first
+        record.update(verdict="skipped" if skipped else "error",
+                      reason=result.get("reason") if skipped else failed)
+        self.write()
+
     def _pair_options(self, side: Side, pair: int) -> LaunchOptions:
         opts = side.options(self.launch)
         return opts if pair == 1 else replace(opts, options={**opts.options, "count_steps": "0"})
@@ -285,13 +290,9 @@ class ABSession:
             for name in ORDER:
                 result = self._launch(cell, self.sides[name], len(results[name]) + 1, record)
                 if result["status"] != "ok":
-                    first = not any(results.values())
-                    skipped = result["status"] == "skipped" and first
-                    record.update(verdict="skipped" if skipped else "error", reason=(
-                        result.get("reason") if skipped else
-                        f"side {name} launch {len(results[name]) + 1} ended {result['status']}: "
-                        f"{result.get('reason')}"))
-                    self.write()
+                    self._stopped(record, result, not any(results.values()),
+                                  f"side {name} launch {len(results[name]) + 1} ended {result['status']}: "
+                                  f"{result.get('reason')}")
                     return results
                 results[name].append(result)
             if self._judge(round_, results, record) in DECIDED:
