@@ -52,6 +52,14 @@ def _verdict_detection_options(p: argparse.ArgumentParser) -> None:
                    help="with --ab: the sessions' tolerance (default 0.02: well below the 5 %% change called)")
     p.add_argument("--mode", choices=options.AB_MODES, default=options.AB_MODES[0],
                    help="with --ab: resident windows where the cell allows, or launch rounds (as perfsuite ab)")
+    p.add_argument("--slowdowns", metavar="F[,F...]",
+                   help="with --ab: side B slowed by these fractions besides unchanged (default: 0.10,0.05)")
+    p.add_argument("--window-steps", type=int, default=options.DEFAULT_WINDOW_STEPS, metavar="N",
+                   help="with --ab: steps in one resident window (as perfsuite ab)")
+    p.add_argument("--quads", type=int, default=options.DEFAULT_QUADS, metavar="N",
+                   help="with --ab: ABBA quads of windows in one launch pair (as perfsuite ab)")
+    p.add_argument("--max-pairs", type=int, default=options.DEFAULT_MAX_PAIRS, metavar="N",
+                   help="with --ab: launch pairs before a session is left unknown (as perfsuite ab)")
     p.add_argument("--counters", action="store_true",
                    help="the work counters instead: single launches with one extra all-reduce or "
                         "one extra copy of every parameter per step against an unchanged baseline, "
@@ -126,16 +134,25 @@ def cmd_verdict_detection(args: argparse.Namespace) -> int:
     from perfsuite.gate.detection import measure_ab_detection, measure_counter_detection, measure_detection
 
     if args.ab:
-        out = measure_ab_detection(trials=args.trials, cell_id=args.cell, steps=args.steps,
-                                   max_launches=args.max_launches, work_dir=args.out,
-                                   tolerance=args.tolerance, mode=args.mode)
+        try:
+            slowdowns = (None if not args.slowdowns
+                         else tuple(float(x) for x in args.slowdowns.split(",") if x.strip()))
+            out = measure_ab_detection(trials=args.trials, cell_id=args.cell, steps=args.steps,
+                                       max_launches=args.max_launches, work_dir=args.out,
+                                       tolerance=args.tolerance, mode=args.mode, slowdowns=slowdowns,
+                                       resident={"window_steps": args.window_steps, "quads": args.quads,
+                                                 "max_pairs": args.max_pairs})
+        except ValueError as err:
+            print(f"perfsuite selftest verdict-detection: {err}", file=sys.stderr)
+            return EXIT_USAGE
         n = out["trials"]
         lines = [f"perfsuite ab at a {out['tolerance']:.0%} tolerance ({out['mode']} mode), {out['cell']}",
                  f"perfsuite ab, unchanged B called regressed: {out['false_alarms']}/{n} (goal <= 1/20)",
-                 f"perfsuite ab, unchanged B called same:      {out['unchanged_same']}/{n} (goal >= 16/20)",
-                 f"perfsuite ab, 10% slower B called regressed: {out['caught_10']}/{n} (goal >= 19/20)",
-                 f"perfsuite ab,  5% slower B called regressed: {out['caught_5']}/{n} (goal >= 16/20)",
-                 f"median wall time per A/B session: {out['median_seconds']} (goal <= 180 s)"]
+                 f"perfsuite ab, unchanged B called same:      {out['unchanged_same']}/{n} (goal >= 16/20)"]
+        goals = {"slow 10%": " (goal >= 19/20)", "slow 5%": " (goal >= 16/20)"}
+        lines += [f"perfsuite ab, {name[5:]:>3} slower B called regressed: {caught}/{n}{goals.get(name, '')}"
+                  for name, caught in out["caught"].items()]
+        lines.append(f"median wall time per A/B session: {out['median_seconds']} (goal <= 180 s)")
         return _figures(args, out, lines)
     if args.counters:
         out = measure_counter_detection(trials=args.trials, cell_id=args.cell, work_dir=args.out)

@@ -296,29 +296,47 @@ def measure_counter_detection(trials: int = 20, cell_id: str = DEFAULT_CELL,
             "window_overhead": round(overhead, 4)}
 
 
+def ab_conditions(slowdowns: tuple[float, ...] | None = None) -> dict[str, float]:
+    """The A/B benchmark's conditions: side B unchanged, then slowed by each
+    fraction of ``slowdowns`` (default: 10 % and 5 %)."""
+    if slowdowns is None:
+        return dict(CONDITIONS)
+    if any(not 0 < s < 1 for s in slowdowns):
+        raise ValueError(f"slowdowns {list(slowdowns)}: give fractions between 0 and 1 (0.02 = 2 %)")
+    return {"unchanged": 0.0, **{_slow_name(s): s for s in slowdowns}}
+
+
+def _slow_name(slowdown: float) -> str:
+    return f"slow {slowdown * 100:.4g}%"
+
+
 def measure_ab_detection(trials: int = 20, cell_id: str = DEFAULT_CELL, steps: int = 40,
                          max_launches: int = 12, work_dir: Path | None = None, *,
                          tolerance: float = AB_TOLERANCE, mode: str = "auto",
+                         slowdowns: tuple[float, ...] | None = None, resident: dict[str, int] | None = None,
                          log=lambda line: print(line, flush=True)) -> dict[str, Any]:
     """``perfsuite ab`` judged on itself: per trial, one A/B session per
     condition, side B the same interpreter with every training step slowed
-    by 10 % or 5 % (or unchanged), judged at ``tolerance`` (resident windows
-    where the cell allows them, else launch rounds, as ``perfsuite ab``)."""
+    by 10 % or 5 % (or ``slowdowns``; or unchanged), judged at ``tolerance``
+    (resident windows where the cell allows them, else launch rounds, as
+    ``perfsuite ab``; ``resident`` holds its window_steps, quads, max_pairs)."""
     from perfsuite.gate.ab import ABSession, python_side
 
+    conditions = ab_conditions(slowdowns)
     cell = cells.get(cell_id).replace(max_steps=steps)
     work = Path(work_dir or tempfile.mkdtemp(prefix="perfsuite-ab-detection-"))
     records: list[dict[str, Any]] = []
     for trial in range(trials):
         record: dict[str, Any] = {"trial": trial, "conditions": {}}
-        for name, slowdown in CONDITIONS.items():
+        for name, slowdown in conditions.items():
             side_b = python_side("B", sys.executable)
             if slowdown:
                 side_b.workload_options = {"fault": f"slow:*:0:{slowdown}"}
             started = time.time()
             session = ABSession([cell], python_side("A", sys.executable), side_b,
                                 work / f"trial{trial}" / _label(name), tolerance=tolerance,
-                                max_launches=max_launches, mode=mode, log=lambda line: None)
+                                max_launches=max_launches, mode=mode, log=lambda line: None,
+                                **(resident or {}))
             session.run()
             (judged,) = session.data["cells"]
             record["conditions"][name] = {
@@ -328,21 +346,23 @@ def measure_ab_detection(trials: int = 20, cell_id: str = DEFAULT_CELL, steps: i
                 "launches": judged["n_a"] + judged["n_b"],
                 "seconds": round(time.time() - started, 1)}
             log(f"trial {trial + 1}/{trials} {name:<9} -> {judged['verdict']} "
-                f"(ratio {judged.get('ratio')}, {judged.get('mode')}, {judged['n_b']} vs {judged['n_a']} "
-                f"launches, {time.time() - started:.0f} s)")
+                f"(ratio {judged.get('ratio')}, {judged.get('ci_low')}-{judged.get('ci_high')}, "
+                f"{judged.get('mode')}, {judged['n_b']} vs {judged['n_a']} launches, "
+                f"{time.time() - started:.0f} s)")
         records.append(record)
         atomic_write_json(work / "ab-detection.json", {"cell": cell.id, "tolerance": tolerance,
                                                        "trials": records})
     called = {name: Counter(r["conditions"][name]["verdict"] for r in records)
-              for name in CONDITIONS}
+              for name in conditions}
     return {"cell": cell.id, "steps": steps, "max_launches": max_launches, "tolerance": tolerance,
             "mode": mode, "trials": len(records), "work_dir": str(work),
             "verdicts": {k: dict(v) for k, v in called.items()},
             "false_alarms": called["unchanged"]["regressed"],
             "unchanged_same": called["unchanged"]["same"],
-            "caught_10": called["slow 10%"]["regressed"],
-            "caught_5": called["slow 5%"]["regressed"],
+            "caught": {name: called[name]["regressed"] for name in conditions if conditions[name]},
+            **({"caught_10": called["slow 10%"]["regressed"], "caught_5": called["slow 5%"]["regressed"]}
+               if conditions == CONDITIONS else {}),
             "median_seconds": {name: float(np.median([r["conditions"][name]["seconds"]
-                                                      for r in records])) for name in CONDITIONS},
+                                                      for r in records])) for name in conditions},
             "median_launches": {name: float(np.median([r["conditions"][name]["launches"]
-                                                       for r in records])) for name in CONDITIONS}}
+                                                       for r in records])) for name in conditions}}

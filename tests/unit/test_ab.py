@@ -313,6 +313,25 @@ def test_the_detection_benchmark_judges_ab_on_itself(tmp_path, monkeypatch):
     assert slowed["settings"]["sides"]["B"]["workload_options"] == {"fault": "slow:*:0:0.1"}
 
 
+def test_the_detection_benchmark_takes_its_slowdowns_and_window_settings(tmp_path, monkeypatch):
+    """`selftest verdict-detection --ab --slowdowns 0.02 --quads 8`: the
+    conditions are unchanged and 2 %, and every session gets the settings."""
+    from perfsuite.gate import detection
+
+    fake_launches(monkeypatch)
+    out = detection.measure_ab_detection(trials=1, work_dir=tmp_path, mode="launches", tolerance=0.01,
+                                         slowdowns=(0.02,), resident={"quads": 8, "max_pairs": 3},
+                                         log=lambda line: None)
+    assert set(out["median_seconds"]) == {"unchanged", "slow 2%"} and set(out["caught"]) == {"slow 2%"}
+    assert "caught_10" not in out
+    slowed = json.loads((tmp_path / "trial0" / "slow2" / "ab.json").read_text())
+    assert slowed["settings"]["sides"]["B"]["workload_options"] == {"fault": "slow:*:0:0.02"}
+    assert slowed["settings"]["resident"]["quads_per_pair"] == 8
+    assert slowed["settings"]["resident"]["max_pairs"] == 3
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        detection.ab_conditions((2.0,))
+
+
 def test_ab_launches_with_every_launching_option_of_run(tmp_path, monkeypatch):
     """Data dir, workload options, timeout, GPUs, nodes and profiler reach every
     launch of both sides, under each side's own interpreter and environment."""
