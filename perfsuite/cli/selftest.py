@@ -25,6 +25,8 @@ COMMANDS = {  # subcommand: (its one-line help, its old command)
                           "perfsuite history detection"),
     "overhead": ("the suite's own overhead on a training step, bare against instrumented",
                  "perfsuite overhead"),
+    "launch-cost": ("where a launch's wall time goes (before training, training, counting, exit), "
+                    "ranks forked from a zygote against fresh interpreters", None),
 }
 
 
@@ -107,8 +109,21 @@ def _overhead_options(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=cmd_overhead, launches_cells=True)
 
 
+def _launch_cost_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cell", default="smoke/image/ddp-ds/c1/fp32/px32/nopin/nchw", help="the cell launched")
+    p.add_argument("--launches", type=int, default=3, help="launches per rank start")
+    p.add_argument("--rank-start", default="fork,exec", metavar="START[,START...]",
+                   help="how the ranks start, in this order: fork (from a zygote), exec (fresh interpreters)")
+    p.add_argument("--steps", type=int, help="steps per launch, warm-up included (default: the cell's)")
+    p.add_argument("--out", type=Path, metavar="DIR",
+                   help="where the launches and launch-cost.json go (default: a new temporary folder)")
+    p.add_argument("--json", action="store_true", help="print only the figures, as JSON")
+    p.set_defaults(func=cmd_launch_cost, launches_cells=True)
+
+
 ADD_OPTIONS = {"verdict-detection": _verdict_detection_options,
-               "history-detection": _history_detection_options, "overhead": _overhead_options}
+               "history-detection": _history_detection_options, "overhead": _overhead_options,
+               "launch-cost": _launch_cost_options}
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -221,6 +236,26 @@ def cmd_history_detection(args: argparse.Namespace) -> int:
     emit_json(args, {"noise": noise.describe(), "statistic": noise.statistic, **settings,
                      "by_session": by_session, "figures": figures})
     return EXIT_OK
+
+
+def cmd_launch_cost(args: argparse.Namespace) -> int:
+    from perfsuite.gate.launchcost import measure_launch_cost
+
+    try:
+        out = measure_launch_cost(args.cell, launches=args.launches,
+                                  starts=tuple(s.strip() for s in args.rank_start.split(",") if s.strip()),
+                                  steps=args.steps, work_dir=args.out,
+                                  log=(lambda line: None) if args.json else print)
+    except (ValueError, KeyError, RuntimeError) as err:
+        print(f"perfsuite selftest launch-cost: {str(err).strip(chr(39))}", file=sys.stderr)
+        return EXIT_USAGE
+    lines = [f"{start}: median before training {m['before_training']:.2f} s (goal <= 3 s on 2 cores, "
+             f"<= 2 s on a GPU host), wall {m['wall']:.2f} s, training {m['training']:.2f} s"
+             for start, m in out["medians"].items()]
+    if out["first_fork"]:
+        lines.append(f"the zygote's start (first forked launch): before training "
+                     f"{out['first_fork']['before_training']:.2f} s")
+    return _figures(args, out, lines)
 
 
 def cmd_overhead(args: argparse.Namespace) -> int:

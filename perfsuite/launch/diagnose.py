@@ -19,6 +19,8 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from perfsuite.rank.peers import is_peer_failure
+
 RANK_PREFIX = "[rank${rank}]: "  # torchrun's --log-line-prefix-template
 # The template names the global rank; torchrun's default prefix (no template,
 # as in torch 2.11) names the role, "default" unless --role, and the local rank,
@@ -26,18 +28,9 @@ RANK_PREFIX = "[rank${rank}]: "  # torchrun's --log-line-prefix-template
 _PREFIXED = re.compile(r"^\[(?:(rank)(\d+)\]: ?|(default)(\d+)\]:)(.*)$")
 _FAILURE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
 # Frames of a rank that waits for its peers rather than being the one stuck.
-# A rank's error that only says a peer went away: not the root cause.
-_PEER_FAILURE = re.compile(r"Connection closed|Connection reset by peer|remote worker|"
-                           r"remote process|communicator was aborted|Watchdog caught|"
-                           r"NCCL error.*remote|Broken pipe", re.IGNORECASE)
 _WAITING = re.compile(r"all_reduce|allreduce|barrier|broadcast|all_gather|reduce_scatter|"
                       r"_wait|wait\b|synchronize|distributed_c10d|_sync_buffers|"
                       r"_pre_forward|_post_forward|_run_ddp_forward|backward")
-
-
-def is_peer_failure(message: str) -> bool:
-    """Whether a rank's error only says a peer went away (not the root cause)."""
-    return bool(_PEER_FAILURE.search(message or ""))
 
 
 def signal_name(code: int | None) -> str | None:
@@ -163,7 +156,7 @@ def crash_report(log_text: str, records: list[dict | None],
         ranks[rank] = {"exit_code": code, "signal": signal_name(code), "tail": tails.get(rank, "")}
     first = root_cause_rank(log_text)
     failed = [r for r, rec in enumerate(records) if rec and rec.get("status") == "error"]
-    own = [r for r in failed if not _PEER_FAILURE.search(records[r]["error"].get("message", ""))]
+    own = [r for r in failed if not is_peer_failure(records[r]["error"].get("message", ""))]
     missing = [r for r, rec in enumerate(records) if rec is None]
     if own or (failed and not missing):  # the rank whose own error came first
         rank = min(own or failed, key=lambda r: records[r].get("finished", 0.0))

@@ -26,10 +26,9 @@ from typing import Any
 
 from perfsuite import extras
 from perfsuite.cells import Cell
-from perfsuite.launch import agent, diagnose, multinode, torchrun_options
+from perfsuite.launch import agent, diagnose, multinode, starting, torchrun_options
 from perfsuite.results import aggregate, skipped_result
 from perfsuite.system.atomic import atomic_write_json
-from perfsuite.system.lifetime import die_with_me
 
 OUTPUT_TAIL_CHARS = 4000
 PROGRESS_EVERY_S = 30.0
@@ -50,6 +49,11 @@ class LaunchOptions:
     nodes: multinode.Nodes = field(default_factory=lambda: multinode.Nodes())
     python: str = sys.executable  # the interpreter whose torch, torchrun and perfsuite run the cell
     env: dict[str, str] = field(default_factory=dict)  # extra variables for this launch only
+    # "fork": torchrun forks the ranks from a zygote that imported torch and
+    # the workload (perfsuite.launch.starting); "exec": each rank a fresh
+    # interpreter. None: $PERFSUITE_RANK_START, else fork. Both sides of an
+    # A/B start their ranks alike.
+    rank_start: str | None = None
 
 
 def gpus_present() -> int:
@@ -79,23 +83,27 @@ def profiler_mode(cell: Cell, opts: LaunchOptions) -> tuple[str, str]:
 
 
 def torchrun_argv(cell: Cell, directory: Path, opts: LaunchOptions, profiler: str = "off",
-                  plan: multinode.Plan | None = None) -> list[str]:
+                  plan: multinode.Plan | None = None, rank_start: str = "exec") -> list[str]:
     """The command, as a list: no shell, nothing built from a string.
 
     Only options that ``opts.python``'s torchrun accepts: without its
     ``--log-line-prefix-template`` (torch 2.11) the ranks' lines keep its
-    default prefix, which perfsuite.launch.diagnose reads as well."""
-    worker = ["-m", "perfsuite.rank.worker", "--cell-file", str(directory / "cell.json"),
-              "--out", str(directory)]
+    default prefix, which perfsuite.launch.diagnose reads as well.
+    ``rank_start`` "fork": torchrun forks each rank and runs
+    perfsuite/rank/forked.py in it."""
+    args = ["--cell-file", str(directory / "cell.json"), "--out", str(directory)]
     if opts.data_dir is not None:
-        worker += ["--data-dir", str(opts.data_dir)]
+        args += ["--data-dir", str(opts.data_dir)]
     for key, value in sorted(opts.options.items()):
-        worker += ["--option", f"{key}={value}"]
+        args += ["--option", f"{key}={value}"]
+    worker = ["-m", "perfsuite.rank.worker", *args]
     plan = plan or multinode.plan(cell, multinode.Nodes())
     argv = [opts.python, "-m", "torch.distributed.run", *plan.rendezvous_args(),
             f"--nproc-per-node={plan.procs_per_node}", "--max-restarts=0", "--tee=3"]
     if torchrun_options.accepted(opts.python, opts.env).accepts(torchrun_options.LINE_PREFIX_TEMPLATE):
         argv.append(f"{torchrun_options.LINE_PREFIX_TEMPLATE}={diagnose.RANK_PREFIX}")
+    if rank_start == "fork" and profiler != "nsys":
+        return argv + ["--start-method=fork", "--run-path", str(agent.FORKED_RANK), *args]
     if profiler == "nsys":  # each rank under its own `nsys profile`, one report per rank
         from perfsuite.profiling import RANK_OUTPUT_PATTERN, nsys_profile_argv, resolve_nsys
 
@@ -291,7 +299,8 @@ def run_cell(cell: Cell, out_dir: Path, opts: LaunchOptions | None = None) -> di
     profiler, profiler_note = profiler_mode(cell, opts)
     if profiler != "off":  # `nsys profile --output profile/rank<N>` creates no folder
         (directory / "profile").mkdir(exist_ok=True)
-    argv = plan.wrap(torchrun_argv(cell, directory, opts, profiler, plan))
+    start, start_note = starting.rank_start(opts.rank_start, profiler, plan)
+    argv = plan.wrap(torchrun_argv(cell, directory, opts, profiler, plan, start))
     timeout = opts.timeout_s or cell.timeout_s
     token = plan.run_token
     env = {**os.environ, **opts.env, "PYTHONUNBUFFERED": "1", "PERFSUITE_PROFILER": profiler,
@@ -310,11 +319,12 @@ def run_cell(cell: Cell, out_dir: Path, opts: LaunchOptions | None = None) -> di
     started = time.time()
     timed_out = False
     with open(log_path, "wb") as log:
-        if agent.can_fork(argv):  # torchrun's agent without a fresh interpreter's imports
-            proc = agent.ForkedAgent(argv, log.fileno(), env)
-        else:
-            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                    start_new_session=True, preexec_fn=die_with_me())
+        try:
+            proc = starting.start_agent(argv, log.fileno(), env, start, cell, opts.python)
+        except agent.ZygoteError as err:  # the ranks start as fresh interpreters
+            start, start_note = "exec", str(err)
+            argv = plan.wrap(torchrun_argv(cell, directory, opts, profiler, plan, start))
+            proc = starting.start_agent(argv, log.fileno(), env, start, cell, opts.python)
         try:
             returncode = _wait(proc, timeout, cell, directory, opts.on_progress)
         except subprocess.TimeoutExpired:
@@ -340,6 +350,8 @@ def run_cell(cell: Cell, out_dir: Path, opts: LaunchOptions | None = None) -> di
         result["output_tail"] = log_text[-OUTPUT_TAIL_CHARS:]
     result["argv"] = argv
     result["dir"] = str(directory)
+    result["info"] = {**(result.get("info") or {}), "rank_start": start,
+                      **({"rank_start_note": start_note} if start_note else {})}
     result["timeline"] = timeline(started, time.time(), records[0] if records else None, result)
     if profiler != "off":
         _attach_profile(result, profiler, profiler_note, directory / "profile", cell, opts)

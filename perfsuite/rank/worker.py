@@ -30,12 +30,19 @@ from typing import Any
 
 from perfsuite.cells import Cell
 from perfsuite.context import RankContext
+from perfsuite.rank.peers import is_peer_failure
 from perfsuite.specs import resolve
 from perfsuite.system.atomic import atomic_write_json
 from perfsuite.system.lifetime import die_with_parent
 
 RECORD_SCHEMA = "perfsuite.rank/1"
 LAUNCHER_POLL_S = 0.5
+# A rank whose collective failed because a peer went away exits this much
+# later than it could: torchrun's agent (polling every 0.1 s) then finds the
+# peer's failure first and reports it, with its signal, as the root cause;
+# it reports only the first failure it finds. Forked ranks end fast enough to
+# beat the peer's report without it.
+PEER_FAILURE_GRACE_S = 1.0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -241,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     atomic_write_json(args.out / f"rank{ctx.rank}.json", record)
     if status:
         print(record["error"]["traceback"], file=sys.stderr, flush=True)
+        if is_peer_failure(record["error"]["message"]):
+            time.sleep(PEER_FAILURE_GRACE_S)
     return status
 
 

@@ -3,7 +3,9 @@
 import os
 import subprocess
 import sys
+import time
 
+import psutil
 import pytest
 
 from perfsuite.launch import agent
@@ -46,3 +48,125 @@ def test_a_failing_agent_reports_its_exit_code_and_wait_times_out(tmp_path):
         os.killpg(slow.pid, 9)
         assert slow.wait(timeout=30) == -9
     assert "torchrun: error:" in (tmp_path / "log").read_text()
+
+
+# --- ranks forked from a zygote -------------------------------------------------------
+
+RANK_SCRIPT = """
+import os, signal, sys
+print("rank", os.environ["RANK"], "ppid", os.getppid(), "preloaded", "torch" in sys.modules,
+      "sees", os.environ["PERFSUITE_TEST_VALUE"], "in", os.getcwd(), "args", sys.argv[1:], flush=True)
+"""
+
+
+@pytest.fixture
+def zygote(tmp_path):
+    z = agent.Zygote(sys.executable, dict(os.environ), str(tmp_path), ["torch"])
+    yield z
+    z.close()
+
+
+def launch_in(z, tmp_path, *args, env=None, script=RANK_SCRIPT):
+    (tmp_path / "rank.py").write_text(script)
+    argv = [*TORCHRUN, "--standalone", "--nproc-per-node=2", "--max-restarts=0", "--tee=3",
+            "--start-method=fork", "--run-path", str(tmp_path / "rank.py"), *args]
+    with open(tmp_path / "output.log", "wb") as out:
+        return agent.Zygote.launch(z, argv, out.fileno(), {**os.environ, **(env or {})}, str(tmp_path)), argv
+
+
+def test_a_zygote_forks_torchruns_agent_which_forks_ranks_with_everything_imported(zygote, tmp_path):
+    assert zygote.preloaded == {"torch"} and zygote.cuda_clean
+    proc, argv = launch_in(zygote, tmp_path, "--flag", "x", env={"PERFSUITE_TEST_VALUE": "42"})
+    shown = []
+    for _ in range(100):  # ps shows what it runs, once it retitled itself
+        shown = psutil.Process(proc.pid).cmdline()[:len(argv)]
+        if shown == argv:
+            break
+        time.sleep(0.05)
+    assert shown == argv
+    assert proc.wait(timeout=120) == 0 and proc.poll() == 0
+    text = (tmp_path / "output.log").read_text()
+    for rank in (0, 1):  # forked by the agent, torch already there, the launch's env and folder
+        assert f"rank {rank} ppid {proc.pid} preloaded True sees 42 in {tmp_path} args ['--flag', 'x']" in text
+    assert "PERFSUITE_TEST_VALUE" not in os.environ
+
+
+def test_a_zygote_agent_reports_exit_codes_times_out_and_leads_its_own_session(zygote, tmp_path):
+    bad, _ = launch_in(zygote, tmp_path, script="raise SystemExit(3)")
+    assert bad.wait(timeout=120) != 0
+    assert "exitcode" in (tmp_path / "output.log").read_text()  # torchrun's own failure report
+    slow, _ = launch_in(zygote, tmp_path, script="import time; time.sleep(60)")
+    with pytest.raises(subprocess.TimeoutExpired):
+        slow.wait(timeout=0.5)
+    assert slow.poll() is None and os.getsid(slow.pid) == slow.pid
+    os.killpg(slow.pid, 9)
+    assert slow.wait(timeout=30) == -9
+
+
+def test_a_zygote_ends_with_its_launchers_end_of_the_socket(tmp_path):
+    z = agent.Zygote(sys.executable, dict(os.environ), str(tmp_path), [])
+    assert z.alive()
+    z._sock.close()
+    assert z.proc.wait(timeout=30) == 0
+
+
+def test_an_import_that_asks_cuda_is_kept_out_of_the_zygote_of_cuda_cells(tmp_path, monkeypatch):
+    # torch marks later forks "bad" once CUDA was asked anything, with or
+    # without a GPU (torch.cuda.is_available): a forked rank could not use it.
+    (tmp_path / "asks_cuda.py").write_text("import torch\ntorch.cuda.is_available()\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(agent, "_TOUCH_CUDA", set())
+    monkeypatch.setattr(agent, "_ZYGOTES", {})
+    env = {**os.environ, "PERFSUITE_TEST_KEY": "cuda"}
+    try:
+        cpu = agent.zygote_for(sys.executable, env, ["torch", "asks_cuda"], cuda=False)
+        assert not cpu.cuda_clean and cpu.cuda_touched_by == "asks_cuda"  # harmless for CPU ranks
+        gpu = agent.zygote_for(sys.executable, env, ["torch", "asks_cuda"], cuda=True)
+        assert gpu is not cpu and not cpu.alive()
+        assert gpu.cuda_clean and gpu.preloaded == {"torch"} and agent._TOUCH_CUDA == {"asks_cuda"}
+    finally:
+        agent.close_zygotes()
+
+
+def test_one_zygote_serves_launches_that_differ_only_in_what_ranks_read_at_run_time():
+    env = {"PATH": "/bin", "LD_PRELOAD": ""}
+    key = agent.zygote_key("py", env, "/w")
+    assert key == agent.zygote_key("py", {**env, "OMP_NUM_THREADS": "3", "PERFSUITE_RUN_TOKEN": "t",
+                                         "CUDA_VISIBLE_DEVICES": "1", "PYTEST_CURRENT_TEST": "t.py::x"}, "/w")
+    assert key != agent.zygote_key("py", {**env, "LD_PRELOAD": "libjemalloc.so"}, "/w")
+    assert key != agent.zygote_key("py", env, "/elsewhere") != agent.zygote_key("other", env, "/w")
+
+
+def test_a_zygote_that_cannot_start_says_why_and_is_not_tried_again(tmp_path, monkeypatch):
+    monkeypatch.setattr(agent, "_FAILED", {})
+    monkeypatch.setattr(agent, "_ZYGOTES", {})
+    with pytest.raises(agent.ZygoteError, match="no zygote"):
+        agent.zygote_for(str(tmp_path / "no-python"), dict(os.environ), [], cuda=False)
+    with pytest.raises(agent.ZygoteError, match="no zygote"):
+        agent.zygote_for(str(tmp_path / "no-python"), dict(os.environ), [], cuda=False)
+    assert len(agent._FAILED) == 1
+
+
+def test_a_zygote_whose_imported_code_changed_is_replaced_before_it_forks_old_code(tmp_path, monkeypatch):
+    (tmp_path / "trained.py").write_text("VALUE = 1\n")  # a module the ranks would import
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(agent, "_ZYGOTES", {})
+    script = tmp_path / "rank.py"
+    script.write_text("import sys, trained\nprint('loaded', 'trained' in sys.modules, 'value', trained.VALUE)\n")
+    argv = [*TORCHRUN, "--standalone", "--nproc-per-node=1", "--start-method=fork", "--run-path", str(script)]
+    env = {**os.environ, "PERFSUITE_TEST_KEY": "stale"}
+
+    def run(log):
+        with open(log, "wb") as out:
+            proc = agent.start_forked(argv, out.fileno(), env, sys.executable, ["trained"], cuda=False)
+            assert proc.wait(timeout=120) == 0
+        return log.read_text()
+
+    try:
+        assert "value 1" in run(tmp_path / "first.log")
+        first = next(iter(agent._ZYGOTES.values()))
+        (tmp_path / "trained.py").write_text("VALUE = 22\n")  # a checkout moved on: git bisect
+        assert "value 22" in run(tmp_path / "second.log")
+        assert not first.alive() and next(iter(agent._ZYGOTES.values())) is not first
+    finally:
+        agent.close_zygotes()

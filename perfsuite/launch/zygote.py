@@ -1,0 +1,267 @@
+"""An interpreter that imports torch and the workloads once and forks torchrun's agents.
+
+A rank that torchrun starts as a fresh interpreter spends its first seconds
+importing (on the 2-core VM torch 2.2 s, then torchvision or DDP's
+``torch._dynamo`` 1.5-2 s, torchtune ~4 s), and so does every launch again.
+This process imports them once per launcher, then for each launch forks
+torchrun's agent, which runs torchrun's own ``main`` on the launch's command
+line. That command line asks torchrun to fork its ranks (``--start-method=fork
+--run-path perfsuite/rank/forked.py``: elastic_launch with a function
+entrypoint, ``LaunchConfig.start_method``), so each rank starts with
+everything imported. Rendezvous, rank processes, restarts and tee stay
+torchrun's.
+
+Why a process of its own, not the launcher: a launcher (pytest, ``perfsuite
+run``) may have initialised CUDA (``torch.cuda.is_available``, the
+fingerprint), after which a forked child cannot use it; and a rank forked from
+the launcher would carry its memory (peak RSS) and state. This one only
+imports. Whether its imports touched CUDA all the same (``cudaGetDeviceCount``
+marks every later fork "bad") is checked in a forked probe after every
+import; the launcher forks no CUDA cell's ranks from one that did.
+
+What a forked process shares with this one: the imported modules (pages shared
+until written) and what their imports did, under the environment this one was
+started with (the launcher keeps one zygote per environment and working
+directory: ``perfsuite.launch.agent.zygote_key``). Each agent gets its launch's
+environment (with what the imports set in theirs), working directory and log;
+each rank the signal handlers and thread count of a fresh interpreter
+(``perfsuite/rank/forked.py``).
+
+Protocol, over a SOCK_SEQPACKET socket pair, one JSON object a message:
+``{"op": "preload", "modules": [...]}`` -> ``{"preloaded", "failed", "cuda_clean"}``;
+``{"op": "launch", "args", "env", "cwd", "title"}`` with the log's file
+descriptor -> ``{"pid"}``, or ``{"stale": path}`` where an imported module's
+source changed since (the launcher starts a new zygote); and unasked, ``{"exit": pid, "code": code}`` once
+an agent ends. End of file from the launcher ends this process; so does the
+launcher's death (the parent-death signal).
+
+The launcher runs this file as a script under the launch's interpreter,
+which need not be the launcher's: it imports nothing of perfsuite but,
+where that interpreter's perfsuite has it, perfsuite.system.title. A script,
+not ``python -c``: torchrun's rendezvous names its callers with
+``inspect.stack()``, which looks through every loaded module for each frame
+from no file ("<string>"): 0.35 s of every launch with torch._dynamo and
+torchvision loaded.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+if __name__ == "__main__" and not sys.flags.safe_path:
+    # Python put this file's folder first on the path (its modules could shadow
+    # others of the same name); `python -m` puts the working directory.
+    sys.path[0] = os.getcwd()
+
+import json  # noqa: E402
+import select  # noqa: E402
+import signal  # noqa: E402
+import socket  # noqa: E402
+import traceback  # noqa: E402
+
+PR_SET_PDEATHSIG = 1
+MESSAGE_BYTES = 1 << 20
+
+
+def _prctl():
+    try:
+        import ctypes
+
+        return getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)
+    except OSError:
+        return None
+
+
+def set_title(args: list[str]) -> bool:
+    """perfsuite.system.title's, where this interpreter's perfsuite has it."""
+    try:
+        from perfsuite.system.title import set_title as retitle
+    except ImportError:  # another interpreter's perfsuite, older than this file
+        return False
+    return retitle(args)
+
+
+def _cuda_clean() -> bool:
+    """Whether a child forked now could use CUDA: torch marks a fork "bad"
+    once this process asked CUDA anything (torch.cuda.is_available included)."""
+    torch = sys.modules.get("torch")
+    bad_fork = getattr(getattr(torch, "_C", None), "_cuda_isInBadFork", None)
+    if bad_fork is None:
+        return True
+    pid = os.fork()
+    if pid == 0:
+        os._exit(1 if bad_fork() else 0)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0
+
+
+def preload(modules: list[str]) -> dict:
+    """Import ``modules``; which failed, and the first whose import touched CUDA."""
+    import importlib
+
+    loaded, failed, clean, touched_by = [], {}, _cuda_clean(), None
+    for name in modules:
+        try:
+            importlib.import_module(name)
+            loaded.append(name)
+        except BaseException as err:  # noqa: BLE001 - the launcher decides; ranks import it themselves
+            failed[name] = f"{type(err).__name__}: {err}"
+        if clean and "torch" in sys.modules:
+            clean = _cuda_clean()
+            touched_by = None if clean else name
+    return {"preloaded": loaded, "failed": failed, "cuda_clean": clean, "cuda_touched_by": touched_by}
+
+
+class Server:
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.agents: set[int] = set()
+        self.started_env = dict(os.environ)
+        self.files: dict[str, tuple[int, int]] = {}
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes the select below
+
+    def note_files(self) -> None:
+        """The source files of every module imported so far, as they are now."""
+        for module in list(sys.modules.values()):
+            path = getattr(module, "__file__", None)
+            if isinstance(path, str) and os.path.isabs(path) and path not in self.files:
+                try:
+                    found = os.stat(path)
+                except OSError:
+                    continue
+                self.files[path] = (found.st_mtime_ns, found.st_size)
+
+    def stale(self) -> str | None:
+        """A module's source file that changed since it was imported (a
+        checkout moved to another commit, a package reinstalled): a forked
+        rank would run the old code, a fresh one the new. ~15 ms for torch's
+        2 300 files."""
+        for path, seen in self.files.items():
+            try:
+                found = os.stat(path)
+            except OSError:
+                return path
+            if (found.st_mtime_ns, found.st_size) != seen:
+                return path
+        return None
+
+    def send(self, message: dict, fds: list[int] = ()) -> None:
+        data = json.dumps(message).encode()
+        if fds:
+            socket.send_fds(self.sock, [data], fds)
+        else:
+            self.sock.send(data)
+
+    def reap(self) -> None:
+        while self.agents:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid in self.agents:
+                self.agents.discard(pid)
+                self.send({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+
+    def serve(self) -> None:
+        while True:
+            try:
+                ready, _, _ = select.select([self.sock, self.wake_r], [], [])
+            except InterruptedError:
+                continue
+            if self.wake_r in ready:
+                os.read(self.wake_r, 4096)
+                self.reap()
+            if self.sock in ready:
+                data, fds, _, _ = socket.recv_fds(self.sock, MESSAGE_BYTES, 4)
+                if not data:  # the launcher closed its end, or is gone
+                    return
+                message = json.loads(data)
+                if message["op"] == "preload":
+                    answer = preload(message["modules"])
+                    self.note_files()
+                    self.send(answer)
+                elif message["op"] == "launch":
+                    changed = self.stale()
+                    if changed is not None:
+                        for fd in fds:
+                            os.close(fd)
+                        self.send({"stale": changed})
+                        continue
+                    pid = os.fork()
+                    if pid == 0:
+                        self.agent(message, fds[0])  # never returns
+                    self.agents.add(pid)
+                    for fd in fds:
+                        os.close(fd)
+                    self.send({"pid": pid})
+                self.reap()
+
+    def agent(self, message: dict, log_fd: int) -> None:
+        """The forked agent: torchrun's main on the launch's arguments, in a
+        session of its own, dying with this process."""
+        code = 1
+        try:
+            os.setsid()  # a timeout or Ctrl-C ends the launch's whole tree
+            prctl = _prctl()
+            if prctl is not None:
+                prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+            signal.set_wakeup_fd(-1)
+            for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGPIPE):
+                signal.signal(sig, signal.SIG_DFL)
+            for fd in (self.sock.fileno(), self.wake_r, self.wake_w):
+                os.close(fd)
+            os.dup2(log_fd, 1)
+            os.dup2(log_fd, 2)
+            os.close(log_fd)
+            sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+            sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+            os.chdir(message["cwd"])
+            # What the preloaded modules put into the environment as they were
+            # imported (os.environ.setdefault), a fresh rank's imports would too.
+            imported = {k: v for k, v in os.environ.items() if self.started_env.get(k) != v}
+            os.environ.clear()
+            os.environ.update({**imported, **message["env"]})
+            set_title(message["title"])
+            args = message["args"]
+            sys.argv = ["torchrun", *args]
+            from torch.distributed.run import main
+
+            main(args)
+            code = 0
+        except SystemExit as done:
+            code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+        except BaseException:  # noqa: BLE001 - the log must say why the agent failed
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+
+
+def main(argv: list[str]) -> None:
+    """argv: [..., "--fd=N", "--launcher=PID", "--preload=a,b", room]."""
+    opts = dict(a[2:].split("=", 1) for a in argv if a.startswith("--") and "=" in a)
+    launcher = int(opts["launcher"])
+    prctl = _prctl()
+    if prctl is not None:
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != launcher:  # gone before the signal was armed
+        os._exit(1)
+    sock = socket.socket(fileno=int(opts["fd"]))
+    server = Server(sock)
+    set_title([sys.executable, __file__, "(perfsuite: torch and the workloads imported; forks torchrun's agents)"])
+    answer = preload([m for m in opts.get("preload", "").split(",") if m])
+    server.note_files()
+    server.send({"ready": True, "pid": os.getpid(), **answer})
+    server.serve()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main(sys.argv)

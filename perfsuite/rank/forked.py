@@ -1,0 +1,40 @@
+"""A rank that torchrun's agent forks rather than starts as a fresh interpreter.
+
+    python -m torch.distributed.run ... --start-method=fork --run-path <this file> --cell-file F --out DIR
+
+torchrun runs this file (``runpy.run_path``) in each rank it forked from an
+agent that a zygote forked (perfsuite.launch.zygote). The rank then looks as a
+fresh interpreter would to the worker (perfsuite.rank.worker.main): the
+signal handlers Python starts with, not the agent's (which turn SIGTERM into
+an exception); the thread count of ``OMP_NUM_THREADS`` (a fresh torch reads
+it when it loads; the forked one loaded earlier under another value); its own
+command line in ps. It imports nothing at module level but under
+``__main__``, and only the worker of the interpreter that runs it.
+"""
+
+if __name__ == "__main__":
+    import os
+    import signal
+    import sys
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for name in ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGCHLD"):
+        signal.signal(getattr(signal, name), signal.SIG_DFL)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    import torch
+
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))
+    try:
+        from perfsuite.system.title import set_title
+    except ImportError:  # another interpreter's perfsuite, older than this file
+        set_title = None
+    from importlib.util import find_spec
+
+    # an older perfsuite's layout (an A/B side from a git ref) had perfsuite.worker
+    worker = "perfsuite.rank.worker" if find_spec("perfsuite.rank") else "perfsuite.worker"
+    main = __import__(worker, fromlist=["main"]).main
+    if set_title is not None:
+        set_title([sys.executable, "-m", worker, *sys.argv[1:]])
+    raise SystemExit(main())
