@@ -29,6 +29,13 @@ RANK_STARTS = ("fork", "exec")
 # What every rank imports, whatever its workload: torch, the optimiser's
 # torch._dynamo, torchrun's agent, the worker.
 PRELOAD = ["torch", "torch._dynamo", "torch.distributed.run", "perfsuite.rank.worker"]
+# torchrun's agent asks torch.accelerator.is_available() as it reads its
+# options (LaunchConfig, torch 2.9+), and on a GPU host that poisons every
+# fork after it: a forked rank then cannot start CUDA. Set for the agent, the
+# check reads NVML instead, which poisons nothing; perfsuite/rank/forked.py
+# takes it out of the rank's environment again where perfsuite put it there.
+NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
+NVML_CHECK_SET = "PERFSUITE_NVML_CHECK_SET"
 
 
 def preload_modules(cell: Cell) -> list[str]:
@@ -63,6 +70,8 @@ def start_agent(argv: list[str], log_fd: int, env: dict[str, str], start: str, c
     forked from this process or a fresh interpreter ($PERFSUITE_FORK_AGENT=0:
     always; its ranks then fork from it where they fork, with torch imported
     but not the workload)."""
+    if start == "fork" and NVML_CHECK not in env:
+        env = {**env, NVML_CHECK: "1", NVML_CHECK_SET: "1"}
     if start == "fork" and agent.may_fork_agent():
         return agent.start_forked(argv, log_fd, env, python, preload_modules(cell),
                                   cuda=cell.device == "cuda")

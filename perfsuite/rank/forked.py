@@ -10,6 +10,11 @@ an exception); the thread count of ``OMP_NUM_THREADS`` (a fresh torch reads
 it when it loads; the forked one loaded earlier under another value); its own
 command line in ps. It imports nothing at module level but under
 ``__main__``, and only the worker of the interpreter that runs it.
+
+Where the agent had asked CUDA anything before it forked (another torchrun,
+a user's environment), CUDA cannot start in this process: the rank then
+runs the worker in a fresh interpreter of its own (same environment and
+output, its exit status passed on), and says so in its output.
 """
 
 if __name__ == "__main__":
@@ -21,6 +26,8 @@ if __name__ == "__main__":
     for name in ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGCHLD"):
         signal.signal(getattr(signal, name), signal.SIG_DFL)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    if os.environ.pop("PERFSUITE_NVML_CHECK_SET", None):
+        os.environ.pop("PYTORCH_NVML_BASED_CUDA_CHECK", None)
     import torch
 
     threads = os.environ.get("OMP_NUM_THREADS", "")
@@ -34,6 +41,22 @@ if __name__ == "__main__":
 
     # an older perfsuite's layout (an A/B side from a git ref) had perfsuite.worker
     worker = "perfsuite.rank.worker" if find_spec("perfsuite.rank") else "perfsuite.worker"
+    bad_fork = getattr(torch._C, "_cuda_isInBadFork", None)
+    if bad_fork is not None and bad_fork():
+        # Not exec in place: torchrun waits for a forked rank's return value on
+        # a queue only this process can fill. The fresh worker dies with this
+        # process (its parent-death signal) and gets its SIGTERM.
+        import subprocess
+
+        print(f"perfsuite: rank {os.environ.get('RANK')}: its torchrun agent had initialised CUDA before it "
+              "forked this rank; running it in a fresh interpreter instead", file=sys.stderr, flush=True)
+        fresh = subprocess.Popen([sys.executable, "-m", worker, *sys.argv[1:]], env=dict(os.environ))
+        signal.signal(signal.SIGTERM, lambda signum, frame: fresh.send_signal(signum))
+        code = fresh.wait()
+        if code < 0:  # killed: so is this rank, as the agent would have seen it
+            signal.signal(-code, signal.SIG_DFL)
+            os.kill(os.getpid(), -code)
+        raise SystemExit(code)
     main = __import__(worker, fromlist=["main"]).main
     if set_title is not None:
         set_title([sys.executable, "-m", worker, *sys.argv[1:]])

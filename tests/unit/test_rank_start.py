@@ -62,3 +62,42 @@ def test_a_zygote_imports_the_built_in_workload_but_never_the_users_own():
     assert starting.preload_modules(tiny()) == [*starting.PRELOAD, "perfsuite.workloads.image"]
     assert starting.preload_modules(tiny(workload="mypkg.bench:run")) == starting.PRELOAD
     assert sys.executable  # the zygote runs under the launch's interpreter
+
+
+@pytest.mark.slow
+def test_a_rank_forked_after_cuda_was_asked_starts_afresh_and_trains(tmp_path, monkeypatch):
+    """torchrun's own agent asks torch.accelerator.is_available() (seen on an
+    H200 with torch 2.11: every forked rank failed with "Cannot re-initialize
+    CUDA in forked subprocess"). Stood in for by a zygote whose preloaded
+    module asks CUDA (which poisons later forks with or without a GPU): each
+    rank runs the worker in a fresh interpreter and the cell trains."""
+    (tmp_path / "asks_cuda.py").write_text("import torch\ntorch.cuda.is_available()\n")
+    monkeypatch.chdir(tmp_path)  # a zygote of its own: its key holds the working directory
+    monkeypatch.setattr(agent, "_ZYGOTES", {})
+    monkeypatch.setattr(starting, "PRELOAD", [*starting.PRELOAD, "asks_cuda"])
+    try:
+        result = run_cell(tiny(world_size=1), tmp_path / "out", LaunchOptions(rank_start="fork"))
+    finally:
+        agent.close_zygotes()
+    assert result["status"] == "ok", result.get("output_tail")
+    log = (tmp_path / "out").rglob("output.log").__next__().read_text()
+    assert "had initialised CUDA before it forked this rank; running it in a fresh interpreter" in log
+    assert result["timeline"]["workload_import"] > 0.5  # the fresh interpreter imported it again
+
+
+def test_the_agent_checks_cuda_through_nvml_and_the_rank_gets_the_users_environment_back(monkeypatch):
+    """PYTORCH_NVML_BASED_CUDA_CHECK=1 for the agent (torch's own way to ask
+    without poisoning forks), never where the user set it themselves."""
+    seen = {}
+
+    def forked(argv, log_fd, env, python, preload, cuda):
+        seen.update(env)
+        return "agent"
+
+    monkeypatch.setattr(agent, "start_forked", forked)
+    monkeypatch.setattr(agent, "may_fork_agent", lambda: True)
+    assert starting.start_agent(["py"], 1, {"A": "1"}, "fork", tiny(), sys.executable) == "agent"
+    assert seen[starting.NVML_CHECK] == "1" and seen[starting.NVML_CHECK_SET] == "1"
+    seen.clear()
+    starting.start_agent(["py"], 1, {starting.NVML_CHECK: "0"}, "fork", tiny(), sys.executable)
+    assert seen[starting.NVML_CHECK] == "0" and starting.NVML_CHECK_SET not in seen
