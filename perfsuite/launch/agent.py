@@ -118,7 +118,7 @@ RANK_START_ENV = "PERFSUITE_RANK_START"  # "exec": every rank a fresh interprete
 ZYGOTE_START_S = 300.0  # imports of torch, torchvision, torchtune on a loaded 2-core machine
 TITLE_ROOM = 8192  # bytes of command line a forked agent or rank may show in ps
 MAX_ZYGOTES = 2  # an A/B session's two sides; an older one is ended for a third
-EXIT_POLL_S = 0.1  # the longest a wait for one agent holds the zygote's socket
+EXIT_POLL_S = 0.1  # how often a wait for one agent looks at the zygote's socket
 # Per launch, read by the ranks when they run, never while they import: a
 # zygote serves launches that differ in them (pytest names the running test
 # in PYTEST_CURRENT_TEST). Everything else in the environment (LD_PRELOAD,
@@ -154,6 +154,7 @@ class Zygote:
         self.python, self.cwd = python, cwd
         self._lock = threading.Lock()
         self._exits: dict[int, int] = {}
+        self._replies: list[dict] = []  # answers read by a thread waiting for an exit
         self.preloaded: set[str] = set()
         self.failed: dict[str, str] = {}
         self.cuda_clean, self.cuda_touched_by = True, None
@@ -184,11 +185,15 @@ class Zygote:
 
     def _receive(self, timeout: float | None) -> dict | None:
         """One message, or None when none came within ``timeout``; exits are
-        filed as they come. Raises ZygoteError once the zygote is gone."""
+        filed as they come. Raises ZygoteError once the zygote is gone. Called
+        with the lock held."""
         readable, _, _ = select.select([self._sock], [], [], timeout)
         if not readable:
             return None
-        data = self._sock.recv(1 << 20)
+        try:
+            data = self._sock.recv(1 << 20)
+        except OSError as err:
+            raise ZygoteError(f"the zygote ended ({err})") from None
         if not data:
             raise ZygoteError("the zygote ended")
         message = json.loads(data)
@@ -197,6 +202,9 @@ class Zygote:
         return message
 
     def _reply(self, timeout: float) -> dict:
+        """The answer to what was just asked (the lock held meanwhile)."""
+        if self._replies:
+            return self._replies.pop(0)
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
@@ -232,23 +240,25 @@ class Zygote:
 
     def exit_code(self, pid: int, timeout: float | None) -> int | None:
         """The agent's exit code once it ended, waiting up to ``timeout`` (None:
-        for as long as it takes). The socket is read in slices of at most
-        0.1 s, so the launches of an A/B session's other side, waiting on the
-        same zygote from another thread, go on meanwhile."""
+        for as long as it takes). The wait itself holds no lock: an A/B
+        session's other side, waiting on or launching from the same zygote in
+        another thread, goes on meanwhile (a lock held across the wait was
+        seen to keep a side's launch waiting for 2 minutes)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             with self._lock:
+                try:
+                    while (message := self._receive(0.0)) is not None:
+                        if "exit" not in message:  # an answer another thread is about to ask for
+                            self._replies.append(message)
+                except ZygoteError:  # its agents died with it (the parent-death signal)
+                    self._exits.setdefault(pid, -signal.SIGKILL)
                 if pid in self._exits:
                     return self._exits.pop(pid)
-                left = EXIT_POLL_S if deadline is None else min(max(deadline - time.monotonic(), 0.0),
-                                                                EXIT_POLL_S)
-                try:
-                    self._receive(left)
-                except ZygoteError:  # its agents died with it (the parent-death signal)
-                    self._exits[pid] = -signal.SIGKILL
-                    continue
-                if deadline is not None and time.monotonic() >= deadline and pid not in self._exits:
-                    return None
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            select.select([self._sock], [], [], EXIT_POLL_S if left is None else min(left, EXIT_POLL_S))
 
     def close(self) -> None:
         self._sock.close()  # the zygote ends at end of file

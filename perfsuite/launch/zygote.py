@@ -114,8 +114,8 @@ def preload(modules: list[str]) -> dict:
 
 
 class Server:
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
+    def __init__(self, sock: socket.socket, launcher: int) -> None:
+        self.sock, self.launcher = sock, launcher
         self.agents: set[int] = set()
         self.started_env = dict(os.environ)
         self.files: dict[str, tuple[int, int]] = {}
@@ -171,9 +171,11 @@ class Server:
     def serve(self) -> None:
         while True:
             try:
-                ready, _, _ = select.select([self.sock, self.wake_r], [], [])
+                ready, _, _ = select.select([self.sock, self.wake_r], [], [], 1.0)
             except InterruptedError:
                 continue
+            if os.getppid() != self.launcher:  # the launcher is gone (a child of it may hold the socket)
+                return
             if self.wake_r in ready:
                 os.read(self.wake_r, 4096)
                 self.reap()
@@ -248,13 +250,13 @@ def main(argv: list[str]) -> None:
     """argv: [..., "--fd=N", "--launcher=PID", "--preload=a,b", room]."""
     opts = dict(a[2:].split("=", 1) for a in argv if a.startswith("--") and "=" in a)
     launcher = int(opts["launcher"])
-    prctl = _prctl()
-    if prctl is not None:
-        prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-    if os.getppid() != launcher:  # gone before the signal was armed
+    # No parent-death signal here: it fires when the launcher's *thread* that
+    # started this process ends (an A/B side's thread after its first launch),
+    # not the launcher. End of file on the socket, or a new parent, tells.
+    if os.getppid() != launcher:
         os._exit(1)
     sock = socket.socket(fileno=int(opts["fd"]))
-    server = Server(sock)
+    server = Server(sock, launcher)
     set_title([sys.executable, __file__, "(perfsuite: torch and the workloads imported; forks torchrun's agents)"])
     answer = preload([m for m in opts.get("preload", "").split(",") if m])
     server.note_files()

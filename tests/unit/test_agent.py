@@ -170,3 +170,43 @@ def test_a_zygote_whose_imported_code_changed_is_replaced_before_it_forks_old_co
         assert not first.alive() and next(iter(agent._ZYGOTES.values())) is not first
     finally:
         agent.close_zygotes()
+
+
+def test_a_zygote_started_from_a_thread_outlives_it_and_serves_two_threads_at_once(tmp_path, monkeypatch):
+    """An A/B session starts its sides' launches from threads. The zygote
+    started by side A's first launch must outlive that thread (a parent-death
+    signal fires when the thread that started a process ends: seen on an H200,
+    side A's second launch found the zygote gone), and a launch from one
+    thread must not wait for the other thread's whole launch to end."""
+    import threading
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(agent, "_ZYGOTES", {})
+    monkeypatch.setattr(agent, "_FAILED", {})
+    env = {**os.environ, "PERFSUITE_TEST_KEY": "threads"}
+    (tmp_path / "rank.py").write_text("import sys, time; time.sleep(float(sys.argv[1]))\n")
+
+    def argv(seconds):
+        return [*TORCHRUN, "--standalone", "--nproc-per-node=1", "--start-method=fork",
+                "--run-path", str(tmp_path / "rank.py"), str(seconds)]
+
+    started = {}
+    try:
+        thread = threading.Thread(target=lambda: started.update(
+            z=agent.zygote_for(sys.executable, env, ["torch"], cuda=False)))
+        thread.start()
+        thread.join()
+        time.sleep(1.5)  # a parent-death signal would have ended it by now
+        assert started["z"].alive()
+        with open(tmp_path / "slow.log", "wb") as log:
+            slow = agent.start_forked(argv(20), log.fileno(), env, sys.executable, ["torch"], cuda=False)
+        waiting = threading.Thread(target=slow.wait, daemon=True)
+        waiting.start()  # holds a wait on the zygote's socket for ~20 s
+        began = time.monotonic()
+        with open(tmp_path / "quick.log", "wb") as log:
+            quick = agent.start_forked(argv(0), log.fileno(), env, sys.executable, ["torch"], cuda=False)
+        assert quick.wait(timeout=60) == 0
+        assert time.monotonic() - began < 15 and slow.poll() is None  # not after the slow one
+        assert slow.wait(timeout=60) == 0
+    finally:
+        agent.close_zygotes()
