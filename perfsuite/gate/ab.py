@@ -30,7 +30,7 @@ from typing import Any
 
 from perfsuite import stats
 from perfsuite.cells import Cell
-from perfsuite.gate.resident import resident_refusal, run_pair
+from perfsuite.gate.resident import judged, resident_refusal, run_pair
 from perfsuite.gate.sides import (  # noqa: F401 - ab's face for its callers
     BASE_SITE_PTH,
     IMPORT_CHECK,
@@ -247,7 +247,7 @@ class ABSession:
                                   f"pair {pair}: {ended if result['status'] != 'ok' else run.error}")
                     return results
                 results[name].append(result)
-            quads_by_pair.append(quad_log_ratios([(w["side"], w["value"]) for w in run.windows]))
+            quads_by_pair.append(quad_log_ratios([(w["side"], w["value"]) for w in judged(run.windows)]))
             own = pair_estimate(quads_by_pair[-1])
             record["pairs"].append({"pair": pair, "quads": own.quads, "ratio": _finite(own.ratio),
                                     "ci_low": _finite(own.ci_low), "ci_high": _finite(own.ci_high),

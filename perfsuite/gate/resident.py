@@ -38,6 +38,12 @@ from perfsuite.rank.windows import SIDE_ENV, SOCKET_ENV
 
 RESIDENT_WORKLOADS = ("image",)
 READY_TIMEOUT_S = 600.0  # both sides' start-up and warm-up on a loaded machine
+# Quads run first in each pair and kept in ab.json, never judged: just after
+# both sides are ready, one side still settles while the other measures. On
+# an H200 (gate ddp-ds g1 pinned, 126.3 ms steps) side A's first window ran
+# 164-297 ms a step while side B's DataLoader workers filled their queues;
+# that one quad widened a pair's interval from +-0.05 % to +-8 %.
+SETTLING_QUADS = 1
 STOP_TIMEOUT_S = 600.0  # after the windows: counters, accuracy, the results
 
 
@@ -168,11 +174,18 @@ class PairRun:
     error: str | None = None
 
 
+def judged(windows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The windows a verdict weighs: all but the settling quads'."""
+    return [w for w in windows if not w.get("settling")]
+
+
 def run_pair(cell: Cell, options: dict[str, LaunchOptions], dirs: dict[str, Path], *, quads: int,
              window_steps: int, on_window: Callable[[dict[str, Any]], None] = lambda w: None,
-             stop_after: Callable[[list[dict[str, Any]]], bool] = lambda ws: False) -> PairRun:
-    """One launch of each side, resident together, ``quads`` ABBA quads of
-    windows (fewer where ``stop_after(windows)`` says so after a quad)."""
+             stop_after: Callable[[list[dict[str, Any]]], bool] = lambda ws: False,
+             settling_quads: int = SETTLING_QUADS) -> PairRun:
+    """One launch of each side, resident together, ``settling_quads`` ABBA
+    quads of windows marked ``settling``, then ``quads`` judged ones (fewer
+    where ``stop_after(judged windows)`` says so after a quad)."""
     coordinator = Coordinator()
     results: dict[str, dict[str, Any]] = {}
     threads: dict[str, threading.Thread] = {}
@@ -195,14 +208,15 @@ def run_pair(cell: Cell, options: dict[str, LaunchOptions], dirs: dict[str, Path
             threads[side].start()
             coordinator.wait_ready(lambda s: threads[s].is_alive(), min(timeout, READY_TIMEOUT_S), (side,))
         ready_s = time.monotonic() - started
-        for _ in range(quads):
+        for quad in range(settling_quads + quads):
             for side in ORDER:
                 began = time.time()
                 times = step_times_of(coordinator.window(side, window_steps, timeout))
-                window = {"side": side, "value": window_value(times), "steps": times, "started": began}
+                window = {"side": side, "value": window_value(times), "steps": times, "started": began,
+                          **({"settling": True} if quad < settling_quads else {})}
                 windows.append(window)
                 on_window(window)
-            if stop_after(windows):
+            if quad >= settling_quads and stop_after(judged(windows)):
                 break
     except (ResidentError, ValueError) as err:
         error = str(err)

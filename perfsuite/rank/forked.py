@@ -54,7 +54,8 @@ if __name__ == "__main__":
         signal.signal(signal.SIGTERM, lambda signum, frame: fresh.send_signal(signum))
         code = fresh.wait()
         if code < 0:  # killed: so is this rank, as the agent would have seen it
-            signal.signal(-code, signal.SIG_DFL)
+            if -code not in (signal.SIGKILL, signal.SIGSTOP):  # the two no handler can hold
+                signal.signal(-code, signal.SIG_DFL)
             os.kill(os.getpid(), -code)
         raise SystemExit(code)
     main = __import__(worker, fromlist=["main"]).main

@@ -401,7 +401,8 @@ def test_resident_ab_alternates_windows_between_live_launches_and_sees_a_slowdow
     assert record["ratio"] > 1.2 and record["ci_low"] > 1.0
     assert [p["quads"] for p in record["pairs"]] == [4, 4] and record["quads"] == 8
     for pair in record["pairs"]:
-        assert "".join(w["side"] for w in pair["windows"]) == "ABBA" * 4
+        assert "".join(w["side"] for w in pair["windows"]) == "ABBA" * 5  # a settling quad, then 4
+        assert [bool(w.get("settling")) for w in pair["windows"]] == [True] * 4 + [False] * 16
         assert all(len(w["steps"]) == 3 and w["value"] > 0 for w in pair["windows"])
     launches = record["launches"]
     assert [(x["side"], x["index"], x["status"]) for x in launches] == [

@@ -113,3 +113,46 @@ def test_which_cells_can_be_resident():
     assert "llm workload" in resident_refusal(llm, None)
     assert "across nodes" in resident_refusal(image, LaunchOptions(nodes=Nodes(nnodes=2)))
     assert "profiled" in resident_refusal(image, LaunchOptions(profiler="torch"))
+
+
+def test_the_first_quad_of_a_pair_settles_and_is_not_judged(tmp_path, monkeypatch):
+    """Just after both sides are ready one of them still settles (on an H200,
+    side A's first window ran 1.3-2.3x slower while side B's DataLoader
+    workers filled their queues): the pair's first quad is run and kept,
+    marked settling, and its windows are left out of the verdict."""
+    from perfsuite.gate import resident
+
+    first = {"A": True}
+
+    def fake_run_cell(cell, directory, opts):
+        windows = Windows.from_env(0, 1, opts.env)
+
+        def step():
+            slow = first.get(opts.env[SIDE_ENV])
+            time.sleep(0.02 if slow else 0.004)
+
+        measured = []
+        # Windows.serve's loop, by hand: only side A's first window is slow
+        while (n := windows.next_window()) > 0:
+            times = []
+            for _ in range(n):
+                began = time.perf_counter()
+                step()
+                times.append(time.perf_counter() - began)
+            first.pop(opts.env[SIDE_ENV], None)
+            windows._send({"times": times})
+            measured += times
+        windows.close()
+        return {"status": "ok", "steps": len(measured)}
+
+    monkeypatch.setattr(resident, "run_cell", fake_run_cell)
+    cell = get("smoke/image/ddp-ds/c1/fp32/px32/nopin/nchw")
+    opts = {side: LaunchOptions(timeout_s=60) for side in "AB"}
+    run = resident.run_pair(cell, opts, {s: tmp_path / s for s in "AB"}, quads=3, window_steps=3)
+    assert run.error is None and [w.get("settling", False) for w in run.windows] == [True] * 4 + [False] * 12
+    assert run.windows[0]["value"] > 3 * run.windows[4]["value"]  # side A's settling window, slow
+    judged = resident.judged(run.windows)
+    ratios = [2.718281828 ** d for d in quad_log_ratios([(w["side"], w["value"]) for w in judged])]
+    assert len(ratios) == 3 and all(0.5 < r < 2.0 for r in ratios), ratios
+    with_settling = quad_log_ratios([(w["side"], w["value"]) for w in run.windows])
+    assert 2.718281828 ** with_settling[0] < 0.5  # what judging it would have said: B "faster"
