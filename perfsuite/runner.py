@@ -44,6 +44,32 @@ def handle_sigterm() -> Any:
 REMEASURE_ROUNDS = 2
 
 
+CACHE_FIX = "point $PERFSUITE_CACHE_DIR (or --option cache_dir) at a folder you can write"
+
+
+def cache_problem(options: dict[str, str] | None = None) -> str | None:
+    """Why the cache the ranks write (generated data, resized images, the
+    random LLM checkpoint) cannot be made or written, naming it and the
+    setting that chose it; None when it can. Checked when a session begins
+    (``Runner.begin``: else each cell needing it would fail after its
+    launch) and by ``perfsuite doctor``.
+    ``options``: the workload options (``cache_dir`` names another cache)."""
+    from perfsuite.context import default_cache_dir
+    from perfsuite.history.schema import folder_problem
+
+    chosen = (options or {}).get("cache_dir")
+    cache = Path(chosen).expanduser() if chosen else default_cache_dir()
+    named = ("--option cache_dir" if chosen else "$PERFSUITE_CACHE_DIR" if os.environ.get("PERFSUITE_CACHE_DIR")
+             else "$PERFSUITE_CACHE" if os.environ.get("PERFSUITE_CACHE") else "the default")
+    if cache.exists() and not cache.is_dir():
+        problem = f"{cache} is a file"
+    else:  # a file in it: the folder itself must be writable, once made
+        problem = folder_problem(cache / "perfsuite.write-test", "the cache")
+    if problem is None:
+        return None
+    return f"perfsuite's cache {cache} ({named}) cannot be used: {problem}"
+
+
 class SessionError(RuntimeError):
     """Something a session needs is wrong; found before the first launch."""
 
@@ -80,6 +106,7 @@ class Runner:
         self._finished: dict[str, dict[str, Any]] = {}
         self._earlier_cells: list[dict[str, Any]] = []
         self._earlier_probe: dict[str, Any] | None = None
+        self._earlier_started: float | None = None
         self._file = None
         self._lock = None
 
@@ -95,6 +122,7 @@ class Runner:
         out = self.out_dir
         if out.exists() and not out.is_dir():
             raise SessionError(f"output directory {out} is a file; give a directory to --out")
+        self._check_cache()
         if self.launch.nodes.nnodes > 1:
             # The nodes of one multi-node run share the directory on purpose
             # (one of them writes each cell's result): no lock, no emptiness.
@@ -120,6 +148,11 @@ class Runner:
         self._lock = lock
         if lock.stale_message():
             self.on_notice(lock.stale_message())
+
+    def _check_cache(self) -> None:
+        problem = cache_problem(self.launch.options)
+        if problem:
+            raise SessionError(f"{problem}; {CACHE_FIX}")
 
     def _claim(self, out: Path) -> None:
         from perfsuite.system.atomic import atomic_write_text
@@ -167,6 +200,7 @@ class Runner:
                                "without --resume into another --out") from None
         self._earlier_cells = earlier["cells"]
         self._earlier_probe = earlier.get("probe")
+        self._earlier_started = (earlier.get("run") or {}).get("started")
         return {c["id"]: c for c in earlier["cells"] if c["status"] == "ok"}
 
     @property
@@ -176,6 +210,12 @@ class Runner:
             from perfsuite.results import ResultsFile
 
             self._file = ResultsFile(self.out_dir, env=fingerprint())
+            # "complete" or "interrupted" at the session's end (finish); a file
+            # still "running" was cut off by a kill: the history refuses both
+            self._file.data["run"]["status"] = "running"
+            if self._earlier_started is not None:  # a resumed run is the run it resumes: its
+                # start, and so its history key (with the same cells), stays: stored once
+                self._file.data["run"]["started"] = self._earlier_started
             for kept in self._earlier_cells:
                 self._file.data["cells"].append(kept)
         return self._file
@@ -298,10 +338,14 @@ class Runner:
         and ``history_purpose`` when one was asked for); the line saying where
         and how, or why it was not kept. ``commit``, ``branch``: what it is stored
         under (default: git's here, the commit then the run's env)."""
+        marked = self.finish(interrupted)
         if url == "off" or not any(not r.get("partner") for r in self.results):
             return None
         if interrupted:
-            return "history: not stored: the session was interrupted (a partial run)"
+            return ("history: not stored: the session was interrupted (a partial run); the same command "
+                    "with --resume (pytest: --perf-resume) finishes the run and stores it")
+        if marked is not None:
+            return f"history: not stored: {marked}"
         from perfsuite.history.store import HistoryError, record_run_in_history, run_purpose, store_named
 
         try:
@@ -313,6 +357,20 @@ class Runner:
             return f"history: not stored: {err}"
         except Exception as err:  # noqa: BLE001 - a full disk, a database gone: the run stands
             return f"history: not stored: {type(err).__name__}: {err}"
+
+    def finish(self, interrupted: bool = False) -> str | None:
+        """Mark results.json at the session's end: run.status "complete", or
+        "interrupted" (Ctrl-C, SIGTERM), which ``perfsuite history add``
+        refuses until --resume finishes the run. Called by ``add_to_history``,
+        which both runners call at the end; None, or why it was not marked."""
+        if self._file is None or not self._file.path.exists():
+            return None
+        self._file.data["run"]["status"] = "interrupted" if interrupted else "complete"
+        try:
+            self._file.write()
+        except OSError as err:  # the cells stay as written after each; only the mark is missing
+            return f"cannot mark {self._file.path} complete ({err.strerror or err})"
+        return None
 
     @property
     def results(self) -> list[dict[str, Any]]:

@@ -159,8 +159,26 @@ def _read_series(args: argparse.Namespace, include: tuple[str, ...], *,
                                 include=include)
         left_out = history.left_out(cell=args.cell, metric=args.metric, since=args.since,
                                     branch=args.branch, include=include)
+        if not series and not left_out:  # a metric's typo is not a cell's, nor "no history yet"
+            _check_metrics(history, [args.metric])
         known = history.cell_ids() if cell_ids and not series and not left_out else []
     return series, left_out, known
+
+
+def _check_metrics(history, asked: list[str]) -> None:
+    """HistoryError naming the metrics the store holds when one asked for is
+    none of them (a store that holds none yet takes any)."""
+    import difflib
+
+    from perfsuite.history.store import HistoryError, shown_url
+
+    there = history.metric_names()
+    unknown = [m for m in asked if there and m not in there]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], there, n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise HistoryError(f"--metric {unknown[0]}: no such metric in history {shown_url(history.url)}; "
+                           f"{hint}it holds {', '.join(there)}")
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
@@ -210,13 +228,21 @@ def _cmd_report(args: argparse.Namespace) -> int:
     if include is None:
         return EXIT_USAGE
     cells = args.cell or None
+    import sqlalchemy as sa
+
     try:
+        from perfsuite.history.store import History
+
+        with History(args.history, create=False) as history:
+            _check_metrics(history, args.metric or [DEFAULT_METRIC])
         out, trends = write_trends_page(args.history, args.out, cells, args.metric or [DEFAULT_METRIC],
                                         since=args.since, branch=args.branch,
                                         max_pvalue=args.max_pvalue, window=args.window,
                                         launch_statistic=args.launch_statistic, include=include)
     except (HistoryError, LookupError) as err:
         return _fail("report", err)
+    except sa.exc.SQLAlchemyError as err:  # the page's own queries: a store broken while read
+        return _fail("report", HistoryError(f"cannot read the history ({str(err).splitlines()[0]})"))
     changes = sum(len(t.changes) for t in trends)
     if args.json:
         emit_json(args, {"trends": str(out), "cells": len({t.cell for t in trends}), "series": [

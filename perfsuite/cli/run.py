@@ -88,6 +88,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         if problem:
             raise UsageProblem(f"perfsuite run: {problem}")
     launch.on_progress = lambda cell, line: print(f"    {cell.id}: {line}", flush=True)
+    from perfsuite.history.store import HistoryError, check_store_usable
+
+    try:  # a store that cannot take the run says so now, not after the measuring
+        check_store_usable(args.history)
+    except HistoryError as err:
+        raise UsageProblem(f"perfsuite run: {err}") from None
     runner = Runner(args.out or default_out_dir(), launch, resume=args.resume,
                     repeats=args.repeats, baselines=args.baselines, probe=not args.no_probe,
                     overwrite=args.overwrite, on_notice=lambda line: print(f"perfsuite: {line}"))
@@ -97,13 +103,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         runner.begin()
     except (SessionError, BaselineError) as err:
         raise UsageProblem(f"perfsuite run: {err}") from None
-    handle_sigterm()
+    previous = handle_sigterm()
+    measured: list = []
+    ending = {"json_args": args if args.json else None, "history": args.history, "commit": args.commit,
+              "branch": args.branch}
     try:
-        return _run_cells(runner, chosen, args.fail_on_skipped, json_args=args if args.json else None,
-                          history=args.history, commit=args.commit, branch=args.branch)
+        return _run_cells(runner, chosen, args.fail_on_skipped, measured, **ending)
     except KeyboardInterrupt as stop:
         print(f"interrupted ({str(stop) or 'Ctrl-C'}): {len(runner.results)} cell(s) kept in "
-              f"{runner.out_dir / 'results.json'}", file=sys.stderr)
+              f"{runner.out_dir / 'results.json'}; the same command with --resume measures the rest",
+              file=sys.stderr, flush=True)
+        # the cells kept get their summary, report and mark, as at a run's end
+        _end_of_run(runner, measured, EXIT_INTERRUPTED, interrupted=True, **ending)
         return EXIT_INTERRUPTED
     except BrokenPipeError:  # stdout's reader left: main ends quietly
         raise
@@ -114,15 +125,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     finally:
         runner.end()
+        if previous is not None:
+            import signal
+
+            signal.signal(signal.SIGTERM, previous)
 
 
-def _run_cells(runner, chosen: list, fail_on_skipped: bool, json_args: argparse.Namespace | None = None,
-               history: str | None = "off", commit: str | None = None, branch: str | None = None) -> int:
+def _run_cells(runner, chosen: list, fail_on_skipped: bool, measured: list, **ending) -> int:
+    """Measure ``chosen`` one by one (each result also appended to
+    ``measured``), then the end of the run: ``_end_of_run``."""
     from perfsuite.judge.judging import failures
-    from perfsuite.report import probe_lines, skipped_lines, summary_lines
+    from perfsuite.report import probe_lines, summary_lines
 
     bad = 0
-    measured = []
     for i, cell in enumerate(chosen, 1):
         print(f"[{i}/{len(chosen)}] {cell.id} ...", flush=True)
         result = runner.result(cell)
@@ -134,11 +149,22 @@ def _run_cells(runner, chosen: list, fail_on_skipped: bool, json_args: argparse.
         if i == 1:
             print("\n".join(probe_lines(runner.probe)), flush=True)
         print("\n".join("    " + line for line in summary_lines([result])), flush=True)
+    return _end_of_run(runner, measured, EXIT_FAILED if bad else EXIT_OK, **ending)
+
+
+def _end_of_run(runner, measured: list, code: int, json_args: argparse.Namespace | None = None,
+                history: str | None = "off", commit: str | None = None, branch: str | None = None,
+                interrupted: bool = False) -> int:
+    """The skipped cells, where the results and the report are, the run
+    kept in the history (an interrupted one only marked so), ``--json``'s
+    document; ``code`` returned."""
+    from perfsuite.judge.judging import failures
+    from perfsuite.report import skipped_lines
+
     for line in skipped_lines(runner.results):
         print(line)
     kept = [r for r in runner.results if not r.get("partner")]
-    code = EXIT_FAILED if bad else EXIT_OK
-    report = history_line = None
+    report = None
     if not kept:
         print("no result written here")
     else:
@@ -146,18 +172,18 @@ def _run_cells(runner, chosen: list, fail_on_skipped: bool, json_args: argparse.
         from perfsuite.report.html import write_reports
 
         report = write_reports(runner.out_dir)["report_html"]
-        print(f"report: {report}")
-        history_line = runner.add_to_history(history, commit=commit, branch=branch)
-        if history_line:
-            print(history_line)
+        print(f"report: {report}", flush=True)
+    history_line = runner.add_to_history(history, interrupted=interrupted, commit=commit, branch=branch)
+    if history_line:
+        print(history_line)
     if json_args is not None:
         emit_json(json_args, {
             "results": str(runner.file.path) if kept else None,
             "report": str(report) if report else None, "history": history_line, "exit": code,
+            "interrupted": interrupted,
             "cells": [{"id": r["id"], "status": r["status"], "reason": r.get("reason"),
                        "failed_checks": failures(r),
                        "skipped_checks": [c["name"] for c in r.get("checks", [])
                                           if c["verdict"] == "skipped"]} for r in measured],
         })
     return code
-

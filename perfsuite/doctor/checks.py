@@ -273,7 +273,11 @@ def _cache_dir() -> Path:
 
 
 def check_disk(tier: str | None, cells: list) -> Check:
-    cache = _cache_dir()
+    from perfsuite.runner import CACHE_FIX, cache_problem
+
+    cache, unusable = _cache_dir(), cache_problem()
+    if unusable:  # perfsuite run and pytest refuse to begin: not a matter of free space
+        return Check("disk", BLOCKER, unusable, CACHE_FIX)
     llm_gpu = sum(c.workload == "llm" and c.device == "cuda" for c in cells)
     existing = cache
     while not existing.exists() and existing != existing.parent:
@@ -372,6 +376,20 @@ def check_extras(tier: str | None, cells: list, history_url: str | None) -> Chec
                  + "".join(f"; {name} not installed ({extras.EXTRAS[name].needs} it)" for name in lacking))
 
 
+def check_history(url: str | None) -> Check:
+    """The store runs are added to unless told otherwise ($PERFSUITE_HISTORY,
+    else the default file), checked as ``perfsuite run`` checks it before its
+    first launch: one that cannot take a run stops it there."""
+    from perfsuite.history.store import HistoryError, check_store_usable
+
+    named = "$PERFSUITE_HISTORY" if url else "the default store"
+    try:
+        return Check("history", OK, f"runs are added to {check_store_usable(url)} ({named})")
+    except HistoryError as err:
+        return Check("history", BLOCKER, f"{named}: {err}", "set $PERFSUITE_HISTORY to a store you can "
+                     "write, or pass --history off (pytest: --perf-history off)")
+
+
 def check_launch(torch: dict[str, Any], tier: str | None) -> Check:
     """One real launch: on a GPU for a GPU tier (without a tier, where torch
     sees one), else on the CPU. A launch that fails blocks every tier."""
@@ -402,7 +420,7 @@ def run_checks(tier: str | None = None, data_dir: Path | None = None) -> list[Ch
             check_nccl(torch, gpu_tier), check_nsys(tier), check_shm(tier, cells, torch.get("count") or 0),
             check_disk(tier, cells),
             check_mnist(data_dir, tier, cells), check_extras(tier, cells, os.environ.get("PERFSUITE_HISTORY")),
-            check_launch(torch, tier)]
+            check_history(os.environ.get("PERFSUITE_HISTORY")), check_launch(torch, tier)]
 
 
 def summary(checks: list[Check], tier: str | None) -> dict[str, Any]:

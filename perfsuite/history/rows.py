@@ -43,11 +43,26 @@ def read_finished(results_path: Path | str) -> tuple[dict[str, Any], bytes]:
         if not isinstance(run, dict) or run.get("finished") is None:
             raise HistoryError(f"{path}: incomplete run: run.finished is missing (still running, or "
                                "stopped before it wrote its end); only finished runs go into the history")
+        # Refused, not stored now and replaced later: the run finished with
+        # --resume is a new session (its own run.started, so its own run_key),
+        # and the partial run stored beside it would count its launches twice.
+        status = run.get("status")  # absent in the files of perfsuite before it wrote one
+        if status in ("interrupted", "running"):
+            how = ("was interrupted (Ctrl-C or SIGTERM)" if status == "interrupted" else
+                   "is still running, or its session was killed")
+            raise HistoryError(f"{path}: incomplete run: it {how}; finish it first by running it again "
+                               f"with --resume into {path.parent} (perfsuite run --resume --out DIR, pytest "
+                               "--perf-resume --perf-out DIR), which adds it to the history")
         running = [c.get("id") for c in data.get("cells") or [] if isinstance(c, dict)
                    and c.get("status") == "running"]
         if running:
             raise HistoryError(f"{path}: incomplete run: cell {running[0]} is still 'running'"
                                f"{f' (and {len(running) - 1} more)' if len(running) > 1 else ''}")
+        ids = [c.get("id") for c in data.get("cells") or [] if isinstance(c, dict)]
+        twice = next((i for n, i in enumerate(ids) if i in ids[:n]), None)
+        if twice is not None:  # which of the two would the series take?
+            raise HistoryError(f"{path}: cell {twice} appears twice in it; a results.json holds each cell "
+                               "once: keep one of them, then add it")
     from perfsuite import results as results_mod
 
     try:

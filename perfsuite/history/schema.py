@@ -186,10 +186,93 @@ def sqlite_file(url: str) -> Path | None:
     return Path(parsed.database)
 
 
+def folder_problem(path: Path, what: str = "the store") -> str | None:
+    """Why a file at ``path`` (its folder made where missing) cannot be
+    written, or None; checked without writing anything (``os.access``: a
+    read-only mount says so to root too)."""
+    if path.is_dir():
+        return f"{path} is a folder, not a file"
+    if path.exists():
+        return None if os.access(path, os.R_OK | os.W_OK) else f"cannot write {what} {path}"
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:  # the folders made for it start here
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"{folder} is a file, so {what} cannot be made under it"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"cannot write in {folder}" + (f", where {what} would be made" if folder != path.parent else "")
+    return None
+
+
+def check_usable(url: str) -> None:
+    """HistoryError with the reason when the store at ``url`` (resolved)
+    cannot take a run: an unknown database kind, a driver not installed, an
+    SQLite file that cannot be made or written, a database that is not
+    perfsuite's or is newer than this perfsuite. Writes nothing: an SQLite
+    file is opened read-only, a server's database only looked at."""
+    shown = shown_url(url)
+    parsed = _known_kind(url)
+    path = sqlite_file(url)
+    if path is not None:
+        problem = folder_problem(path)
+        if problem:
+            raise HistoryError(f"history {shown}: {problem}; give --history a place you can write, or off")
+        if not path.exists() or path.stat().st_size == 0:
+            return  # made, or laid out, when the run is added
+        import sqlite3
+        from urllib.parse import quote
+
+        uri = f"file:{quote(str(path))}?mode=ro"
+        engine = sa.create_engine("sqlite://", creator=lambda: sqlite3.connect(uri, uri=True))
+    elif parsed.get_backend_name() == "sqlite":
+        return  # in memory
+    else:
+        timeout = {"connect_timeout": 10} if parsed.get_backend_name() == "postgresql" else {}
+        try:
+            engine = sa.create_engine(url, connect_args=timeout)
+        except ModuleNotFoundError as err:
+            raise HistoryError(f"history {shown}: its database driver is not installed ({err.name})") from None
+    try:
+        with engine.connect() as conn:
+            version = stored_version(conn, url)
+    except sa.exc.SQLAlchemyError as err:
+        text = str(getattr(err, "orig", None) or err).strip()
+        raise HistoryError(f"history {shown}: cannot open it ({text.splitlines()[0] if text else type(err).__name__})"
+                           "; give --history a store that is there, or off") from None
+    finally:
+        engine.dispose()
+    if version is not None and version > SCHEMA_VERSION:
+        raise HistoryError(_newer(url, version))
+
+
+def _known_kind(url: str) -> sa.URL:
+    """The parsed URL; HistoryError for a kind of database SQLAlchemy does
+    not know (``sqlit://``, a typo) or a URL it cannot read."""
+    try:
+        parsed = sa.make_url(url)
+        parsed.get_dialect()
+    except sa.exc.NoSuchModuleError:
+        raise HistoryError(f"history {shown_url(url)}: no database kind {parsed.drivername!r}; give --history "
+                           "a file path, sqlite:///PATH or postgresql://USER@HOST/DB") from None
+    except sa.exc.ArgumentError as err:
+        raise HistoryError(f"history {shown_url(url)}: not a database URL ({err}); give --history a file "
+                           "path or an SQLAlchemy URL") from None
+    return parsed
+
+
+def _newer(url: str, version: int) -> str:
+    return (f"history {shown_url(url)} has layout version {version}, newer than this perfsuite reads "
+            f"({SCHEMA_VERSION}): upgrade perfsuite")
+
+
 def open_engine(url: str) -> sa.Engine:
+    _known_kind(url)
     sqlite_path = sqlite_file(url)
     if sqlite_path is None:
         return sa.create_engine(url, pool_pre_ping=True)
+    problem = None if sqlite_path.is_file() else folder_problem(sqlite_path)
+    if problem:
+        raise HistoryError(f"history {shown_url(url)}: {problem}; give --history a place you can write")
     sqlite_path.parent.mkdir(parents=True, exist_ok=True)
     engine = sa.create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_S})
 
@@ -211,16 +294,42 @@ def open_engine(url: str) -> sa.Engine:
     return engine
 
 
-def _stored_version(conn: sa.Connection) -> int | None:
-    """The store's layout version; None for an empty database."""
+PERFSUITE_TABLES = ("runs", "cells", "metrics")  # and meta, from version 1 on
+
+
+def stored_version(conn: sa.Connection, url: str) -> int | None:
+    """The store's layout version; None for an empty database. HistoryError
+    for a database that is not perfsuite's, lacks one of its tables, or
+    whose version is not a number: the readers' queries would fail later,
+    and a writer must not add perfsuite's tables to another program's file."""
     names = set(sa.inspect(conn).get_table_names())
+    version = None
     if "meta" in names:
-        row = conn.execute(sa.select(meta.c.value).where(meta.c.key == "schema_version")).first()
+        try:
+            row = conn.execute(sa.select(meta.c.value).where(meta.c.key == "schema_version")).first()
+        except sa.exc.SQLAlchemyError:  # a table "meta" of another shape: another program's
+            row = None
         if row is not None:
-            return int(row[0])
-    if "runs" in names:
-        return 0
-    return None
+            try:
+                version = int(row[0])
+            except (TypeError, ValueError):
+                raise HistoryError(f"history {shown_url(url)}: its schema_version {row[0]!r} (table meta) is "
+                                   "not a number: the store was edited by hand or by another program; "
+                                   "restore it from a copy, or give --history another store") from None
+    if version is None and "runs" in names:
+        version = 0  # the layout before versioning
+    if version is None:
+        if names:
+            raise HistoryError(f"history {shown_url(url)} is not a perfsuite history: it holds table(s) "
+                               f"{', '.join(sorted(names)[:6])} and none of perfsuite's; give --history "
+                               "another store (a new file path makes a new one)")
+        return None
+    missing = [t for t in PERFSUITE_TABLES if t not in names]
+    if missing:
+        raise HistoryError(f"history {shown_url(url)} lacks its table {', '.join(missing)}: it was damaged "
+                           "or changed by another program; restore it from a copy, or give --history "
+                           "another store")
+    return version
 
 
 def _set_version(conn: sa.Connection, version: int) -> None:
@@ -235,14 +344,13 @@ def set_up_layout(engine: sa.Engine, url: str) -> int:
     with engine.begin() as conn:
         if conn.dialect.name == "postgresql":  # two jobs creating the tables at once
             conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_LOCK_KEY})
-        version = _stored_version(conn)
+        version = stored_version(conn, url)
         if version is None:
             metadata.create_all(conn)
             _set_version(conn, SCHEMA_VERSION)
             return SCHEMA_VERSION
         if version > SCHEMA_VERSION:
-            raise HistoryError(f"history {shown_url(url)} has layout version {version}, newer "
-                               f"than this perfsuite reads ({SCHEMA_VERSION}): upgrade perfsuite")
+            raise HistoryError(_newer(url, version))
         while version < SCHEMA_VERSION:
             MIGRATIONS[version](conn)
             version += 1

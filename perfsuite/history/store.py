@@ -28,7 +28,8 @@ import os
 import re
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from fnmatch import fnmatchcase
@@ -55,6 +56,7 @@ from perfsuite.history.rows import (
 from perfsuite.history.schema import (
     DEFAULT_PURPOSE,
     cells,
+    check_usable,
     metrics,
     open_engine,
     resolve_url,
@@ -86,6 +88,8 @@ class History:
         except ModuleNotFoundError as err:
             raise HistoryError(f"history {shown_url(self.url)}: its database driver is not installed "
                                f"({err.name})") from err
+        except OSError as err:  # its folder could not be made after all
+            raise HistoryError(f"history {shown_url(self.url)}: cannot make it ({err.strerror or err})") from err
 
     def close(self) -> None:
         self.engine.dispose()
@@ -150,12 +154,13 @@ class History:
                     conn.execute(metrics.insert(), [{**r, "run_id": run_id} for r in metric_rows])
                 added.run_id = run_id
                 return added
-        except sa.exc.IntegrityError:  # another job stored the same run a moment before
+        except sa.exc.IntegrityError as err:  # another job stored the same run a moment before
             with self.engine.connect() as conn:
                 existing = conn.execute(sa.select(runs.c.id, runs.c.commit_sha, runs.c.purpose)
                                         .where(runs.c.run_key == key)).first()
-            if existing is None:
-                raise
+            if existing is None:  # not a race: a row of this run refused (a cell id twice)
+                raise HistoryError(f"history {shown_url(self.url)}: cannot store {results_path}: "
+                                   f"{_first_line(err)}") from None
             return _kept(added, existing)
         except sa.exc.SQLAlchemyError as err:
             raise HistoryError(f"history {shown_url(self.url)}: cannot store {results_path}: "
@@ -165,13 +170,28 @@ class History:
 
     def all_runs(self) -> list[dict[str, Any]]:
         """Every stored run, oldest first (the run rows as dicts)."""
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             rows = conn.execute(sa.select(runs).order_by(runs.c.started, runs.c.id)).mappings().all()
         return [dict(r) for r in rows]
 
     def cell_ids(self) -> list[str]:
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             return sorted(r[0] for r in conn.execute(sa.select(metrics.c.cell).distinct()))
+
+    def metric_names(self) -> list[str]:
+        """The metrics stored of any run, sorted."""
+        with self._reading() as conn:
+            return sorted(r[0] for r in conn.execute(sa.select(metrics.c.metric).distinct()))
+
+    @contextmanager
+    def _reading(self) -> Iterator[sa.Connection]:
+        """A connection whose failures (a table dropped, a server gone) are
+        HistoryError with the store's URL: a sentence, never a traceback."""
+        try:
+            with self.engine.connect() as conn:
+                yield conn
+        except sa.exc.SQLAlchemyError as err:
+            raise HistoryError(f"history {shown_url(self.url)}: cannot read it ({_first_line(err)})") from None
 
     def series(self, *, cell: str | None = None, metric: str = DEFAULT_METRIC,
                since: str | None = None, branch: str | None = None,
@@ -244,14 +264,18 @@ class History:
         start = self._since(since, cwd) if since else None
         if start is not None:
             query = query.where(sa.func.coalesce(runs.c.started, runs.c.added) >= start)
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             rows = conn.execute(query).mappings().all()
         return [row for row in rows if not (cell and _is_glob(cell) and not fnmatchcase(row["cell"], cell))]
 
     def _since(self, ref: str, cwd: Path | str | None) -> float:
         """The time a --since REF starts at."""
         if re.fullmatch(r"\d{4}-\d{2}-\d{2}([T ][\d:.]+)?([+-]\d{2}:?\d{2}|Z)?", ref):
-            moment = datetime.fromisoformat(ref.replace("Z", "+00:00"))
+            try:
+                moment = datetime.fromisoformat(ref.replace("Z", "+00:00"))
+            except ValueError as err:  # 2026-13-45: shaped like a date, but none
+                raise HistoryError(f"--since {ref}: not a date ({err}); give a date YYYY-MM-DD, "
+                                   "or a commit") from None
             if moment.tzinfo is None:
                 moment = moment.astimezone()  # local time, as a person types it
             return moment.timestamp()
@@ -260,7 +284,7 @@ class History:
         if resolved:
             candidates.append(resolved.lower())
         first = sa.func.min(sa.func.coalesce(runs.c.started, runs.c.added))
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             for candidate in candidates:
                 pattern = candidate.replace("%", "").replace("_", "") + "%"
                 found = conn.execute(sa.select(first).where(sa.func.lower(runs.c.commit_sha).like(pattern))).scalar()
@@ -377,6 +401,20 @@ def record_run_in_history(results_path: Path | str, url: str | os.PathLike | Non
     with History(url) as history:
         return history.add_run(results_path, commit=commit, branch=branch, purpose=purpose,
                                options=options).describe()
+
+
+def check_store_usable(url: str | os.PathLike | None) -> str | None:
+    """Whether a run can be added to the history at ``url`` (as
+    ``record_run_in_history`` takes it; "off": none), checked before a
+    session's first launch and writing nothing: its shown URL (None for
+    "off"), or HistoryError with the sentence (an unknown database kind, a
+    driver not installed, a file that cannot be made or written, a database
+    not perfsuite's). ``perfsuite run`` and ``perfsuite doctor`` call it."""
+    if url is not None and str(url) == "off":
+        return None
+    resolved = resolve_url(url)
+    check_usable(resolved)
+    return shown_url(resolved)
 
 
 def _is_glob(pattern: str) -> bool:

@@ -154,6 +154,12 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         problem = gpu_cells_without_gpu(gpu_cells, "--perf-allow-no-gpu")
         if problem:
             raise pytest.UsageError(f"perfsuite: {problem}")
+    from perfsuite.history.store import HistoryError, check_store_usable
+
+    try:  # a history store that cannot take the run is said before the first launch
+        check_store_usable(config.getoption("--perf-history"))
+    except HistoryError as err:
+        raise pytest.UsageError(f"perfsuite: {err}") from None
     try:
         runner.begin()
     except (SessionError, BaselineError) as err:

@@ -34,6 +34,16 @@ def test_unknown_cell_id_is_a_usage_error(pytester):
     result.stderr.fnmatch_lines(["*unknown cell id*smoke/image/warp-drive/c9*perfsuite list*"])
 
 
+def test_a_history_store_that_cannot_take_the_run_is_a_usage_error_before_any_launch(pytester):
+    pytester.makepyfile(CELL_TEST)
+    out = pytester.path / "out"
+    result = pytester.runpytest("--perf-cell", "smoke/image/ddp-ds/c1/fp32/px32/nopin/nchw",
+                                "--perf-out", str(out), "--perf-history", "sqlit:///typo.db")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*perfsuite:*sqlit*"])
+    assert not (out / "cells").exists()  # nothing launched
+
+
 def test_missing_gpus_skip_with_reason_and_are_recorded(pytester):
     pytester.makepyfile(CELL_TEST)
     out = pytester.path / "out"

@@ -327,7 +327,7 @@ def test_json_output(machine, capsys):
     assert code == 0 and data["ok"] is True and data["tier"] == "gate"
     assert data["blockers"] == 0 and data["warnings"] == 1
     assert [c["name"] for c in data["checks"]] == ["torch", "gpus", "driver", "nccl", "nsys", "shm",
-                                                   "disk", "mnist", "extras", "launch"]
+                                                   "disk", "mnist", "extras", "history", "launch"]
     assert all(c["status"] in doctor.STATUSES for c in data["checks"])
 
 
@@ -405,3 +405,49 @@ def test_a_real_tiny_launch_on_this_machines_cpu():
     answer = doctor_facts.tiny_launch("cpu")
     assert answer["status"] == "ok", answer
     assert answer["device"] == "cpu" and 0 < answer["wall_s"] < doctor_facts.LAUNCH_TIMEOUT_S
+
+
+# -- the cache and the history store, as perfsuite run checks them before its first launch --
+
+def test_a_cache_that_is_a_file_is_a_blocker_not_ok(machine, tmp_path, monkeypatch, capsys):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    monkeypatch.setenv("PERFSUITE_CACHE_DIR", str(a_file))
+    for tier in ("smoke", "gate", None):
+        check = by_name(doctor.run_checks(tier=tier))["disk"]
+        assert check.status == doctor.BLOCKER, (tier, check)
+        assert f"{a_file} is a file" in check.message and "$PERFSUITE_CACHE_DIR" in check.message
+        assert "PERFSUITE_CACHE_DIR" in check.fix
+    code, out = doctor_cli(capsys, "--tier", "smoke")
+    assert code == 1 and "blocker(s): the smoke tier cannot run here" in out
+
+
+def test_a_cache_folder_that_cannot_be_written_is_a_blocker(machine, tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: False if os.fspath(path) == str(cache)
+                        else real(path, mode, **kw))  # root writes anywhere: access(2) played
+    check = by_name(doctor.run_checks(tier="smoke"))["disk"]
+    assert check.status == doctor.BLOCKER and f"cannot write in {cache}" in check.message
+
+
+@pytest.mark.parametrize("url, says", [("sqlit:///x.db", "no database kind 'sqlit'"),
+                                       ("{file}/sub/h.sqlite", "is a file"),
+                                       ("postgresql://u:secret@127.0.0.1:9/db", "cannot open it")])
+def test_a_history_store_that_cannot_be_used_is_a_blocker(machine, tmp_path, monkeypatch, capsys, url, says):
+    pytest.importorskip("psycopg")
+    (tmp_path / "a-file").write_text("x")
+    monkeypatch.setenv("PERFSUITE_HISTORY", url.format(file=tmp_path / "a-file"))
+    check = by_name(doctor.run_checks(tier="smoke"))["history"]
+    assert check.status == doctor.BLOCKER and says in check.message and "secret" not in check.message
+    assert "$PERFSUITE_HISTORY" in check.message and "--history off" in check.fix
+    code, out = doctor_cli(capsys, "--tier", "smoke")
+    assert code == 1
+
+
+def test_a_usable_history_store_is_ok_and_not_created(machine, tmp_path, monkeypatch):
+    monkeypatch.setenv("PERFSUITE_HISTORY", str(tmp_path / "new" / "h.sqlite"))
+    check = by_name(doctor.run_checks(tier="smoke"))["history"]
+    assert check.status == doctor.OK and str(tmp_path / "new" / "h.sqlite") in check.message
+    assert not (tmp_path / "new").exists()
