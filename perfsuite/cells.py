@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import os
 import re
 import typing
@@ -253,11 +254,17 @@ def experiment_schema() -> dict[str, Any]:
                   "properties": {"name": {"type": "string"}, "tier": {"type": "string"},
                                  "workload": {"type": "string"}, "source": {"type": "string"},
                                  "fixed": params, "axes": axes}}
+    typed = {"type": "object", "properties": param}  # an unknown parameter: load_findings names it
+    finding = {"type": "object", "required": ["name", "source", "subject", "twin"], "additionalProperties": False,
+               "properties": {"name": {"type": "string"}, "source": {"type": "string"}, "subject": typed,
+                              "twin": typed, "low": {"type": "number"}, "high": {"type": "number"},
+                              "devices": {"type": "array", "items": {"enum": list(DEVICES)}},
+                              "metric": {"type": "string"}, "measured": {"type": "string"}}}
     return {"type": "object", "properties": {
         "experiment": {"type": "array", "items": experiment},
         "defaults": {"type": "object", "additionalProperties": {
             "type": "object", "additionalProperties": params}},
-        "finding": {"type": "array", "items": {"type": "object"}},
+        "finding": {"type": "array", "items": finding},
         "limits": {"type": "object"}}}
 
 
@@ -275,10 +282,11 @@ def check_experiment_file(data: dict[str, Any], path: Path | str) -> None:
         return
     err = errors[0]
     where = list(err.path)
-    if where[:1] == ["experiment"] and len(where) > 1:
-        name = data["experiment"][where[1]].get("name", f"#{where[1] + 1}") if isinstance(
-            data["experiment"], list) and isinstance(data["experiment"][where[1]], dict) else f"#{where[1] + 1}"
-        place = f"experiment {name!r}" + "".join(f".{p}" for p in where[2:])
+    if where[:1] in (["experiment"], ["finding"]) and len(where) > 1:
+        entry = data[where[0]][where[1]]
+        name = entry.get("name") if isinstance(entry, dict) else None
+        place = (f"{where[0]} {name!r}" if isinstance(name, str) else f"{where[0]} #{where[1] + 1}") + "".join(
+            f".{p}" for p in where[2:])
     else:
         place = ".".join(str(p) for p in where) or "the file"
     if err.validator == "additionalProperties":
@@ -293,19 +301,25 @@ def check_experiment_file(data: dict[str, Any], path: Path | str) -> None:
     raise CellError(f"{path}: {place}: {why}")
 
 
+def read_experiment_file(path: Path | str) -> dict[str, Any]:
+    """An experiment file, parsed and checked (``check_experiment_file``)."""
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as err:
+        raise CellError(f"{path}: not valid TOML ({err}); fix the file") from None
+    except UnicodeDecodeError as err:
+        raise CellError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); "
+                        "save it as UTF-8") from None
+    check_experiment_file(data, path)
+    return data
+
+
 def load_matrix(paths: Iterable[Path] | None = None) -> dict[str, Cell]:
     """Every cell of the experiment files, keyed by id, sources merged."""
     paths = experiment_paths() if paths is None else list(paths)
     matrix: dict[str, Cell] = {}
     for path in paths:
-        try:
-            data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-        except tomllib.TOMLDecodeError as err:
-            raise CellError(f"{path}: not valid TOML ({err}); fix the file") from None
-        except UnicodeDecodeError as err:
-            raise CellError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); "
-                            "save it as UTF-8") from None
-        check_experiment_file(data, path)
+        data = read_experiment_file(path)
         for exp in data.get("experiment", []):
             for cell in _cells_of_experiment(exp, data.get("defaults", {}), str(path)):
                 seen = matrix.get(cell.id)
@@ -345,8 +359,8 @@ def load_findings(paths: Iterable[Path] | None = None) -> list[Finding]:
     paths = experiment_paths() if paths is None else list(paths)
     known = {f.name for f in dataclasses.fields(Cell)}
     out = []
-    for path in paths:
-        for entry in tomllib.loads(Path(path).read_text()).get("finding", []):
+    for path in paths:  # each field's type checked first: a wrong one would fail every cell it judges
+        for entry in read_experiment_file(path).get("finding", []):
             try:
                 finding = Finding(**{**entry, "devices": tuple(entry.get("devices", DEVICES))})
             except TypeError as err:
@@ -355,6 +369,10 @@ def load_findings(paths: Iterable[Path] | None = None) -> list[Finding]:
             if bad or finding.metric != "speedup" or finding.low is None and finding.high is None:
                 raise CellError(f"{path}: finding {finding.name!r}: subject and twin take cell "
                                 f"parameters (not {bad}), metric 'speedup', and low or high")
+            ends = [x for x in (finding.low, finding.high) if x is not None]
+            if not all(map(math.isfinite, ends)) or len(ends) == 2 and ends[0] > ends[1]:
+                raise CellError(f"{path}: finding {finding.name!r}: low {finding.low} and high {finding.high} "
+                                "must be finite, low at most high")
             out.append(finding)
     return out
 

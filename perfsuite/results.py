@@ -237,10 +237,24 @@ _JSON_TYPES = {dict: "an object", list: "an array", str: "a string", bool: "a bo
                type(None): "null", int: "a number", float: "a number"}
 
 
-def _problem(error: Any) -> str:
+def _cell_of(path: Any, data: Any) -> str:
+    """`` (cell ID)`` where a JSON path is inside a cell that has an id."""
+    path = list(path)
+    if path[:1] == ["cells"] and len(path) > 1 and isinstance(path[1], int):
+        entry = data["cells"][path[1]]
+        if isinstance(entry, dict) and isinstance(entry.get("id"), str) and path[2:] != ["id"]:
+            return f" (cell {entry['id']})"
+    return ""
+
+
+def _problem(error: Any, data: Any) -> str:
     """One schema error as ``json/path: message``, a long value cut short."""
     where = "/".join(str(p) for p in error.absolute_path) or "(top level)"
     message = error.message
+    if error.validator in ("exclusiveMinimum", "minimum") and "metrics" in error.absolute_path:
+        bound = "not above" if error.validator == "exclusiveMinimum" else "below"  # say why, not only the bound
+        message = (f"{error.instance!r} is {bound} {error.validator_value}: no ratio or verdict can be made "
+                   "of a time, rate or memory size like that")
     if len(message) > 200:
         if error.validator == "type":
             kind = _JSON_TYPES.get(type(error.instance), type(error.instance).__name__)
@@ -249,22 +263,54 @@ def _problem(error: Any) -> str:
             message = f"{kind} is not of type '{expected}'"
         else:
             message = message[:160] + " ..."
-    return f"{where}: {message}"
+    return f"{where}: {message}{_cell_of(error.absolute_path, data)}"
 
 
-def _path_key(error: Any) -> tuple:
-    return tuple((0, p, "") if isinstance(p, int) else (1, 0, str(p)) for p in error.absolute_path)
+def _path_key(where: Any) -> tuple:
+    return tuple((0, p, "") if isinstance(p, int) else (1, 0, str(p)) for p in where)
+
+
+def _non_finite(value: Any, where: tuple = ()) -> Any:
+    """(path, value) of every NaN or infinity: Python's JSON reads them, and
+    no verdict, ratio or log can be made of them."""
+    if isinstance(value, float) and not math.isfinite(value):
+        yield where, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _non_finite(item, (*where, key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _non_finite(item, (*where, i))
+
+
+def _beyond_schema(data: Any) -> list[tuple[tuple, str]]:
+    """What JSON Schema cannot say: a cell id twice (which result would a
+    verdict or a baseline take?), and NaN or infinities (written as null)."""
+    out = [(where, f"{'/'.join(map(str, where))}: {json.dumps(value)} is not a finite number "
+                   f"(perfsuite writes null where a value is not finite){_cell_of(where, data)}")
+           for where, value in _non_finite(data)]
+    first: dict[str, int] = {}
+    cells = data.get("cells") if isinstance(data, dict) else None
+    for i, entry in enumerate(cells if isinstance(cells, list) else []):
+        cell_id = entry.get("id") if isinstance(entry, dict) else None
+        if isinstance(cell_id, str) and first.setdefault(cell_id, i) != i:
+            out.append((("cells", i), f"cells/{i}: id {cell_id!r} repeats cells/{first[cell_id]}; "
+                                      "a results.json holds each cell once: keep one of them"))
+    return out
 
 
 def validate(data: Any, path: Path | str = "results.json") -> None:
     """Raise ValueError naming ``path`` and the first problems (JSON path:
-    message) when ``data`` is not a valid ``perfsuite.results/1`` document."""
-    errors = sorted(_validator().iter_errors(data), key=_path_key)
-    if not errors:
+    message) when ``data`` is not a valid ``perfsuite.results/1`` document:
+    its schema, and what the schema cannot say (``_beyond_schema``)."""
+    problems = sorted([(tuple(e.absolute_path), _problem(e, data)) for e in _validator().iter_errors(data)]
+                      + _beyond_schema(data),
+                      key=lambda p: _path_key(p[0]))
+    if not problems:
         return
-    lines = [f"{path}: {_problem(e)}" for e in errors[:MAX_PROBLEMS]]
-    if len(errors) > MAX_PROBLEMS:
-        lines.append(f"... and {len(errors) - MAX_PROBLEMS} more problem(s)")
+    lines = [f"{path}: {problem}" for _, problem in problems[:MAX_PROBLEMS]]
+    if len(problems) > MAX_PROBLEMS:
+        lines.append(f"... and {len(problems) - MAX_PROBLEMS} more problem(s)")
     lines.append(f"{path} does not match the {SCHEMA} schema ({SCHEMA_FILE}): it was edited or "
                  "written by another tool; fix the fields named above, or measure the run again "
                  "(pytest --perf-out DIR, or perfsuite run --out DIR)")

@@ -24,9 +24,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from perfsuite.judge.comparing import compare_runs
 
     run_a, run_b = _load_run(args.run_a), _load_run(args.run_b)
-    verdicts = compare_runs(run_a, run_b, tolerance=args.tolerance, confidence=args.confidence,
-                            allow_other_hardware=args.allow_other_hardware,
-                            launch_statistic=args.launch_statistic)
+    try:
+        verdicts = compare_runs(run_a, run_b, tolerance=args.tolerance, confidence=args.confidence,
+                                allow_other_hardware=args.allow_other_hardware,
+                                launch_statistic=args.launch_statistic)
+    except ValueError as err:  # what the loader lets through and no statistic can judge
+        raise UsageProblem(f"perfsuite compare: {args.run_a} against {args.run_b}: {err}; fix that "
+                           "cell's results, or measure it again") from None
     if args.json:
         emit_json(args, verdicts)
     else:

@@ -62,6 +62,7 @@ METRIC_NAMES = frozenset({"step_time", "time_per_token", "throughput", "total_ti
                           "h2d_bytes"})
 RATIO_METRICS = frozenset({"speedup", "step_time_ratio"})
 PORTABLE_METRICS = frozenset({"accuracy"})  # all but these and ratios are absolute
+ZERO_ALLOWED = frozenset({"accuracy", "h2d_bytes"})  # others' values are above 0: times, rates, sizes
 HIGHER_IS_BETTER = frozenset({"throughput", "accuracy", "speedup"})
 # What a launch contributes to a launch-level verdict; a profile's noise decides (profile.json).
 LAUNCH_STATISTICS = tuple(launchstats.LAUNCH_STATISTICS)
@@ -91,11 +92,9 @@ def default_root() -> Path:
 
 
 def _usable_root(root: Path | str | None) -> Path | None:
-    """The baselines root to read; None where the suite was installed without
-    its baselines/ and nothing else was asked for (then every check says it
-    has no comparable baseline). A root that was asked for, by argument or
-    $PERFSUITE_BASELINES, must be one: a misspelt path would otherwise read
-    as "no baselines" and quietly turn every check into a skip."""
+    """The baselines root to read; None where the suite was installed without its baselines/ and
+    nothing else was asked for (every check: no comparable baseline). A root asked for (argument or
+    $PERFSUITE_BASELINES) must be one: a misspelt path would quietly turn every check into a skip."""
     if root is None and not os.environ.get(ROOT_ENV):
         return PROJECT_BASELINES if PROJECT_BASELINES.is_dir() else None
     given = "" if root is not None else f" (from ${ROOT_ENV})"
@@ -209,17 +208,26 @@ def counter_versions(env: Mapping[str, Any], device: str, workload: str | None =
     return {k: str(env[k]) for k in keys if env.get(k) is not None}
 
 
-def _counter_entries(file: Path) -> tuple[CounterBaseline, ...]:
-    if not file.exists():
-        return ()
-    data = read_json(file)
+def _counter_problem(entry: Mapping[str, Any]) -> str | None:
+    """Why an entry cannot judge a cell (None: it can); float() alone takes "12", true, NaN."""
+    bad = [(part, k, v) for part in ("per_step", "tolerance") for k, v in (entry.get(part) or {}).items()
+           if not is_number(v) or v < 0]
+    unstable = entry.get("unstable", [])
+    return (f"{bad[0][0]} {bad[0][1]!r} is {bad[0][2]!r}; write a finite number of 0 or more" if bad else
+            None if isinstance(unstable, list) and all(isinstance(u, str) for u in unstable) else
+            f"unstable is {unstable!r}; write a list of counter names")
+
+
+def parse_counters(data: Any, file: Path) -> tuple[CounterBaseline, ...]:
+    """counters.json's entries, checked: ``file`` is named in every refusal."""
     entries = data.get("entries") if isinstance(data, dict) else None
     if not isinstance(data, dict) or data.get("format") != COUNTERS_FORMAT or not isinstance(
             entries, list):
         raise BaselineError(f"{file}: write {{\"format\": \"{COUNTERS_FORMAT}\", \"entries\": "
                             "[...]}} (see baselines/README.md), or record it again")
-    out = []
+    out, first = [], {}  # first: each (cell, stack)'s entry; record replaces by it, so one judges
     for i, entry in enumerate(entries):
+        where = f"{file}: entry {i + 1} ({entry.get('cell') if isinstance(entry, dict) else entry!r})"
         try:
             out.append(CounterBaseline(
                 str(entry["cell"]), {k: norm(v) for k, v in entry["params"].items()},
@@ -229,9 +237,12 @@ def _counter_entries(file: Path) -> tuple[CounterBaseline, ...]:
                 tuple(entry.get("unstable", ())), str(entry.get("source", "")),
                 str(entry.get("recorded_at", ""))))
         except (KeyError, TypeError, ValueError, AttributeError) as err:
-            raise BaselineError(f"{file}: entry {i + 1} ({entry.get('cell') if isinstance(entry, dict) else entry!r}): "
-                                f"{type(err).__name__} {err}; every entry needs cell, params, "
+            raise BaselineError(f"{where}: {type(err).__name__} {err}; every entry needs cell, params, "
                                 "versions and per_step with numbers") from None
+        if problem := _counter_problem(entry):
+            raise BaselineError(f"{where}: {problem}, or record the cell again")
+        if first.setdefault(key := (out[-1].cell, json.dumps(out[-1].versions, sort_keys=True)), i) != i:
+            raise BaselineError(f"{where}: the same cell and stack as entry {first[key] + 1} (twice); keep one")
     return tuple(out)
 
 
@@ -258,9 +269,16 @@ class BaselineSet:  # one folder: its profile.json facts and its tables
             hardware_model(i) for i in (self.hardware, *self.aliases)}
 
 
+def _unique_keys(file: Path, items: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: set[str] = set()  # json keeps the last of a key twice silently: which row was meant?
+    if (twice := next((k for k, _ in items if k in seen or seen.add(k)), None)) is not None:
+        raise BaselineError(f"{file}: key {twice!r} is there twice; keep one (or record it again)")
+    return dict(items)
+
+
 def read_json(file: Path) -> Any:
     try:  # a missing file here is a missing profile.json: samples.json is optional
-        return json.loads(file.read_text())
+        return json.loads(file.read_text(), object_pairs_hook=lambda items: _unique_keys(file, items))
     except FileNotFoundError:
         raise BaselineError(f"{file}: missing; every baseline folder needs a profile.json "
                             "naming its hardware (see baselines/README.md)") from None
@@ -270,6 +288,29 @@ def read_json(file: Path) -> Any:
 
 def parse_number(text: str) -> float | None:
     return float(text) if str(text).strip() else None  # blank: not given
+
+
+def is_number(value: Any) -> bool:  # finite; true is no number, though Python counts it
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _sample_problems(entry: Any) -> list[str]:
+    launches = entry if isinstance(entry, list) and entry and isinstance(entry[0], list) else [entry]
+    where = [f"launch {i + 1}, " * (launches is entry) for i in range(len(launches))]
+    return [f"{w}{'no samples' if x == [] else f'{x!r}, not a list'}; write a list of seconds (one a launch)"
+            for w, x in zip(where, launches) if not isinstance(x, list) or not x] or [
+        f"{w}sample {j + 1} is {x!r}" for w, launch in zip(where, launches) for j, x in enumerate(launch)
+        if not is_number(x) or x <= 0]
+
+
+def check_samples(samples: Any, file: Path) -> dict[str, list]:
+    """samples.json, checked: step times above 0 (a log or ratio of 0 judges nothing), a list a row or launch."""
+    problems = ([f"{file}: row {key!r}: {p}" for key, entry in samples.items() for p in _sample_problems(entry)]
+                if isinstance(samples, dict) else [f"{file}: write {{\"<row id>\": [seconds, ...], ...}}"])
+    if problems:
+        raise BaselineError("invalid baseline data (samples are seconds above zero: fix the row, or record the "
+                            "cell again; see baselines/README.md):\n  " + "\n  ".join(_at_most_20(problems)))
+    return samples
 
 
 def _metric_problem(metric: str, ratio_file: bool) -> str | None:
@@ -293,10 +334,14 @@ def _row_problems(row: Mapping[str, str], ratio_file: bool, samples: Mapping) ->
     for col, check in [(c, parse_number) for c in ("value", "low", "high", "tolerance")] + [
             ("reference", parse_reference)] * ratio_file:
         try:
-            check(row.get(col, ""))
+            number = check(row.get(col, ""))
         except (ValueError, BaselineError) as err:  # BaselineError names the fix itself
             problems.append(str(err) if isinstance(err, BaselineError) else f"'{col}' is "
                             f"{row[col]!r}, not a number; write a plain decimal such as 0.05")
+            continue
+        above = col == "value" and row["metric"] not in ZERO_ALLOWED  # a ratio to 0 judges nothing
+        if isinstance(number, float) and not (math.isfinite(number) and (number > 0 or not above and number == 0)):
+            problems.append(f"'{col}' is {row[col]!r}; write a finite number {'above 0' if above else 'of 0 or more'}")
     return problems + [msg for bad, msg in (
         (row.get("better", "") not in ("lower", "higher", "")
          or not ratio_file and not (row["value"] and row["better"]),
@@ -309,12 +354,12 @@ def _row_problems(row: Mapping[str, str], ratio_file: bool, samples: Mapping) ->
          f"samples_key {row.get('samples_key')!r} is not in {SAMPLES_FILE}; record again")) if bad]
 
 
-def _read_table(file: Path, allowed: Iterable[str], samples: Mapping) -> pd.DataFrame:
-    """A validated CSV; BaselineError names the file, line, column and fix."""
-    if not file.exists():
+def read_table(file: Path, allowed: Iterable[str], samples: Mapping, df: pd.DataFrame | None = None) -> pd.DataFrame:
+    """A validated CSV (or ``df``, rows recording would write there); BaselineError names file, line, column, fix."""
+    if df is None and not file.exists():
         return pd.DataFrame(columns=["id", "metric"])
     try:
-        df = pd.read_csv(file, dtype=str, keep_default_na=False)
+        df = pd.read_csv(file, dtype=str, keep_default_na=False) if df is None else df
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
         raise BaselineError(f"{file}: not a readable CSV ({err}); fix the quoting or the "
                             "number of fields on the line named") from None
@@ -329,9 +374,12 @@ def _read_table(file: Path, allowed: Iterable[str], samples: Mapping) -> pd.Data
                 for p in _row_problems(row, file.name != METRICS_FILE, samples)
                 + ["'id' repeats an earlier row; ids must be unique"] * (row["id"] in ids[:i])]
     if problems:
-        more = [f"... and {len(problems) - 20} more"] if len(problems) > 20 else []
-        raise BaselineError("invalid baseline data:\n  " + "\n  ".join(problems[:20] + more))
+        raise BaselineError("invalid baseline data:\n  " + "\n  ".join(_at_most_20(problems)))
     return df
+
+
+def _at_most_20(problems: list[str]) -> list[str]:
+    return problems[:20] + [f"... and {len(problems) - 20} more"] * (len(problems) > 20)
 
 
 def _launch_spread(data: Any) -> dict[str, launchstats.LaunchSpread]:
@@ -367,21 +415,20 @@ def load_profile(path: Path | str) -> BaselineSet:
         problems.append(str(err))
     if problems:
         raise BaselineError(f"{file}: " + "; ".join(problems))
-    samples = read_json(path / SAMPLES_FILE) if (path / SAMPLES_FILE).exists() else {}
+    samples = check_samples(read_json(path / SAMPLES_FILE), path / SAMPLES_FILE) if (
+        path / SAMPLES_FILE).exists() else {}
     return BaselineSet(path, data["hardware"], data["kind"], tuple(data.get("aliases", ())),
-                       _read_table(path / METRICS_FILE, METRIC_COLUMNS, samples),
-                       _read_table(path / RATIOS_FILE, RATIO_COLUMNS, samples),
-                       _read_table(path / FINDINGS_FILE, RATIO_COLUMNS, samples), samples,
+                       read_table(path / METRICS_FILE, METRIC_COLUMNS, samples),
+                       read_table(path / RATIOS_FILE, RATIO_COLUMNS, samples),
+                       read_table(path / FINDINGS_FILE, RATIO_COLUMNS, samples), samples,
                        data.get("launch_statistic", launchstats.DEFAULT_LAUNCH_STATISTIC), spread,
-                       _counter_entries(path / COUNTERS_FILE))
+                       parse_counters(read_json(f), f) if (f := path / COUNTERS_FILE).exists() else ())
 
 
 def load_all(root: Path | str | None = None) -> list[BaselineSet]:
-    """Every folder of a baselines root (default: ``default_root()``), validated.
-
-    A root that was given (argument or $PERFSUITE_BASELINES) and is not a
-    directory of folders is a BaselineError; the project's own baselines/
-    may be absent (an installed suite): then there are none."""
+    """Every folder of a baselines root (default: ``default_root()``), validated. A root given (argument
+    or $PERFSUITE_BASELINES) that is no directory of folders is a BaselineError; the project's own
+    baselines/ may be absent (an installed suite): then there are none."""
     root = _usable_root(root)
     return [load_profile(p) for p in sorted(root.iterdir())
             if p.is_dir() and not p.name.startswith((".", "_"))] if root is not None else []

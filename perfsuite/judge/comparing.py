@@ -47,40 +47,53 @@ def compare_runs(results_a: Mapping[str, Any], results_b: Mapping[str, Any], *,
     same_hw = allow_other_hardware or prof_a == prof_b
     out = []
     for cell_id in sorted(set(cells_a) | set(cells_b)):
-        a, b = cells_a.get(cell_id), cells_b.get(cell_id)
-        if a is None or b is None:
-            side = "A" if b is None else "B"
-            out.append(_skip("compare", "step_time", f"cell only in run {side}", cell_id).to_dict())
-            continue
-        if not same_hw:
-            msg = f"no comparable baseline: run A on {prof_a}, run B on {prof_b}"
-            out.append(_skip("step_time", "step_time", msg, cell_id).to_dict())
-        else:
-            base_samples = _metric(a, "step_time").get("samples") or []
-            base_launches = tuple(map(tuple, _metric(a, "step_time").get("launches") or []))
-            exp = (Expectation("step_time", None, tolerance=tolerance, samples=tuple(base_samples),
-                               launches=base_launches if len(base_launches) > 1 else (),
-                               launch_statistic=launch_statistic,
-                               source=f"run A cell {cell_id}") if base_samples else
-                   Expectation("step_time", reason="run A has no step-time samples"))
-            if a.get("status") != "ok":
-                exp = Expectation("step_time", reason=f"run A cell has status {a.get('status')}")
-            out.append(StepTimeNotRegressed(exp, confidence=confidence).evaluate(b).to_dict())
-            for metric in ("peak_mem_allocated", "peak_mem_reserved", "peak_rss"):
-                value = _metric(a, metric).get("value")
-                if a.get("status") == "ok" and isinstance(value, (int, float)) and value > 0:
-                    check = PeakMemoryNotRegressed(value=float(value), tolerance=tolerance,
-                                                   metric=metric)
-                    out.append(check.evaluate(b).to_dict())
-        if a.get("counters") and a.get("status") == "ok":
-            base = CounterBaseline(cell_id, {}, {}, a["counters"]["per_step"],
-                                   unstable=tuple(a["counters"].get("unstable", [])),
-                                   source=f"run A cell {cell_id}")
-            out.append(WorkCountersUnchanged(base).evaluate(b).to_dict())
-        acc = _metric(a, "accuracy").get("value")
-        if a.get("status") == "ok" and isinstance(acc, (int, float)) and math.isfinite(acc):
-            check = AccuracyAtLeast(max(0.0, acc * 0.98), source=f"run A accuracy {acc:.4f} - 2%")
-            out.append(check.evaluate(b).to_dict())
+        try:
+            out += _compare_cell(cell_id, cells_a.get(cell_id), cells_b.get(cell_id), same_hw,
+                                 (prof_a, prof_b), tolerance, confidence, launch_statistic)
+        except ValueError as err:  # a value no statistic can judge: say which cell holds it
+            raise ValueError(f"cell {cell_id}: {err}") from None
     for entry in out:
         entry.setdefault("cell", None)
+    return out
+
+
+def _compare_cell(cell_id: str, a: Mapping[str, Any] | None, b: Mapping[str, Any] | None,
+                  same_hw: bool, profiles: tuple[str | None, str | None], tolerance: float,
+                  confidence: float, launch_statistic: str) -> list[dict[str, Any]]:
+    """Run B's cell judged against run A's: step time, peak memory, work
+    counters, accuracy (compare_runs)."""
+    prof_a, prof_b = profiles
+    if a is None or b is None:
+        side = "A" if b is None else "B"
+        return [_skip("compare", "step_time", f"cell only in run {side}", cell_id).to_dict()]
+    out = []
+    if not same_hw:
+        msg = f"no comparable baseline: run A on {prof_a}, run B on {prof_b}"
+        out.append(_skip("step_time", "step_time", msg, cell_id).to_dict())
+    else:
+        base_samples = _metric(a, "step_time").get("samples") or []
+        base_launches = tuple(map(tuple, _metric(a, "step_time").get("launches") or []))
+        exp = (Expectation("step_time", None, tolerance=tolerance, samples=tuple(base_samples),
+                           launches=base_launches if len(base_launches) > 1 else (),
+                           launch_statistic=launch_statistic,
+                           source=f"run A cell {cell_id}") if base_samples else
+               Expectation("step_time", reason="run A has no step-time samples"))
+        if a.get("status") != "ok":
+            exp = Expectation("step_time", reason=f"run A cell has status {a.get('status')}")
+        out.append(StepTimeNotRegressed(exp, confidence=confidence).evaluate(b).to_dict())
+        for metric in ("peak_mem_allocated", "peak_mem_reserved", "peak_rss"):
+            value = _metric(a, metric).get("value")
+            if a.get("status") == "ok" and isinstance(value, (int, float)) and value > 0:
+                check = PeakMemoryNotRegressed(value=float(value), tolerance=tolerance,
+                                               metric=metric)
+                out.append(check.evaluate(b).to_dict())
+    if a.get("counters") and a.get("status") == "ok":
+        base = CounterBaseline(cell_id, {}, {}, a["counters"]["per_step"],
+                               unstable=tuple(a["counters"].get("unstable", [])),
+                               source=f"run A cell {cell_id}")
+        out.append(WorkCountersUnchanged(base).evaluate(b).to_dict())
+    acc = _metric(a, "accuracy").get("value")
+    if a.get("status") == "ok" and isinstance(acc, (int, float)) and math.isfinite(acc):
+        check = AccuracyAtLeast(max(0.0, acc * 0.98), source=f"run A accuracy {acc:.4f} - 2%")
+        out.append(check.evaluate(b).to_dict())
     return out

@@ -12,6 +12,7 @@ import datetime as _dt
 import hashlib
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,21 +34,25 @@ from perfsuite.judge.baselines import (
     PROFILE_FILE,
     SAMPLES_FILE,
     BaselineError,
+    check_samples,
     counter_versions,
     default_root,
     load_profile,
     norm,
+    parse_counters,
     parse_number,
     read_json,
+    read_table,
     run_cells,
     run_profile,
 )
 from perfsuite.system.atomic import atomic_write_text
 from perfsuite.system.locking import FolderLock, LockBusy
 
-# The metrics record_run keeps, each with the tolerance a new row gets.
 RECORD_LOCK_WAIT_S = 600.0  # another record of the folder is writing: wait, then merge
+PROFILE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")  # one folder name, inside the root, not hidden
 
+# The metrics record_run keeps, each with the tolerance a new row gets.
 RECORDED_TOLERANCE = {"step_time": 0.05, "time_per_token": 0.05, "throughput": 0.05, "epoch_time": 0.05,
                       "total_time": 0.10, "accuracy": 0.02, "peak_mem_allocated": 0.05,
                       "peak_mem_reserved": 0.05, "peak_rss": 0.10, "h2d_bytes": 0.01}
@@ -197,11 +202,20 @@ def record_run(results: Mapping[str, Any] | list, profile_id: str | None = None,
     """
     if launch_statistic not in (None, *LAUNCH_STATISTICS):
         raise BaselineError(f"launch statistic {launch_statistic!r}: use one of {LAUNCH_STATISTICS}")
+    ids = [c.get("id") for c in run_cells(results)]
+    twice = next((i for n, i in enumerate(ids) if i in ids[:n]), None)
+    if twice is not None:  # its rows would repeat, and the folder would be refused from then on
+        raise BaselineError(f"the run holds cell {twice} twice; record from a results.json that holds "
+                            "each cell once")
     measured_on = run_profile(results)
-    profile_id = profile_id or measured_on
-    if not profile_id:
+    given, profile_id = profile_id is not None, profile_id if profile_id is not None else measured_on
+    if not profile_id and not given:
         raise BaselineError("the results carry no env naming their hardware profile; "
                             "give the profile id")
+    if not PROFILE_ID.fullmatch(profile_id):  # a folder outside the root, or one load_all skips
+        raise BaselineError(f"profile id {profile_id!r}{'' if given else ' (from the run env)'} names no "
+                            "folder of the baselines root; give an id of letters, digits, '.', '_', '+' and "
+                            "'-' that starts with a letter or digit, as perfsuite prints them")
     if measured_on and measured_on != profile_id and not force:
         raise BaselineError(f"these results were measured on {measured_on}, not {profile_id}; "
                             "record them under their own profile, or force it")
@@ -244,6 +258,15 @@ def _plan(results: Mapping[str, Any] | list, profile_id: str, folder: Path, forc
     spreads = launch_spreads(results)
     plan = RecordPlan(folder, merged, samples, diff_tables(old_rows, merged), write, spreads,
                       len(counted))
+    old_counters = read_json(folder / COUNTERS_FILE)["entries"] if old and old.counters else []
+    counters_text = _merged_counters(old_counters, counted) if counted else None
+    # Checked as the folder's next load will check them, before anything is
+    # written: a value it refuses (a zero step time, a negative count) would
+    # fail every later run.
+    check_samples(samples, folder / SAMPLES_FILE)
+    read_table(folder / METRICS_FILE, METRIC_COLUMNS, samples, df=merged)
+    if counters_text:
+        parse_counters(json.loads(counters_text), folder / COUNTERS_FILE)
     if write:  # samples first, so metrics.csv never names samples that are not there
         body = ",\n".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in sorted(samples.items()))
         atomic_write_text(folder / SAMPLES_FILE, "{\n" + body + "\n}\n")  # a line per row: diffable
@@ -251,9 +274,8 @@ def _plan(results: Mapping[str, Any] | list, profile_id: str, folder: Path, forc
         meta = read_json(folder / PROFILE_FILE) if old else {"aliases": []}
         if launch_statistic:
             meta["launch_statistic"] = launch_statistic
-        if counted:
-            old_counters = read_json(folder / COUNTERS_FILE)["entries"] if old and old.counters else []
-            atomic_write_text(folder / COUNTERS_FILE, _merged_counters(old_counters, counted))
+        if counters_text:
+            atomic_write_text(folder / COUNTERS_FILE, counters_text)
         if spreads:  # the newest repeated recording says how launches scatter here
             meta["launch_spread"] = {k: {"log_sd": round(v.log_sd, 5), "dof": v.dof}
                                      for k, v in spreads.items()}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import stat
@@ -47,12 +49,31 @@ def _final_mode(path: Path) -> int:
         return 0o666 & ~_current_umask()
 
 
+def _naming(err: OSError, path: Path) -> OSError:
+    """``err`` about ``path``, the file the caller asked for: a refusal
+    otherwise names the hidden temporary file beside it (".trends.html.q4it76g3.tmp"),
+    which the user never gave and cannot find. Errno and strerror stay."""
+    if err.errno is None:
+        return err
+    if isinstance(err, FileExistsError) and not path.parent.is_dir():
+        # mkdir(exist_ok=True) of a parent that is a file: what open() would say of the path
+        return NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path))
+    try:
+        return type(err)(err.errno, err.strerror, str(path))
+    except TypeError:  # a subclass of its own making: the plain kind, same errno
+        return OSError(err.errno, err.strerror, str(path))
+
+
 def atomic_write_chunks(path: Path | str, chunks: Iterable[Any]) -> None:
     """Write ``chunks`` (bytes-like, e.g. a numpy array's ``.data``) to a
-    temporary file beside ``path``, then rename over it: whole or not at all."""
+    temporary file beside ``path``, then rename over it: whole or not at all.
+    An OSError names ``path``, never the temporary file."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as err:
+        raise _naming(err, path) from None
     try:
         with os.fdopen(fd, "wb") as fh:
             if hasattr(os, "fchmod"):  # POSIX (Windows has no such modes to give)
@@ -62,8 +83,11 @@ def atomic_write_chunks(path: Path | str, chunks: Iterable[Any]) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as err:
+        with contextlib.suppress(OSError):  # the write's own error is the one to tell
+            Path(tmp).unlink(missing_ok=True)
+        if isinstance(err, OSError):
+            raise _naming(err, path) from None
         raise
 
 

@@ -129,3 +129,91 @@ def test_a_read_only_directory_refuses_the_write_and_keeps_the_file(tmp_path):
         assert target.read_text() == '{\n "n": 1\n}\n' and leftovers(folder) == []
     finally:
         os.chmod(folder, 0o755)
+
+
+# A refusal names the path the caller gave, never the hidden temporary file
+# beside it (".trends.html.q4it76g3.tmp" means nothing to whoever reads it).
+
+def names_the_destination(err, target):
+    assert err.filename == str(target) and err.filename2 is None, (err.filename, err.filename2)
+    assert ".tmp" not in str(err) and str(target) in str(err)
+
+
+def test_a_parent_that_is_a_file_names_the_destination(tmp_path):
+    (tmp_path / "out").write_text("a file, not a folder\n")
+    target = tmp_path / "out" / "trends.html"
+    with pytest.raises(NotADirectoryError) as err:
+        atomic_write_text(target, "<html>")
+    names_the_destination(err.value, target)
+    deeper = tmp_path / "out" / "run" / "results.json"  # a file further up
+    with pytest.raises(NotADirectoryError) as err:
+        atomic_write_json(deeper, {"n": 1})
+    names_the_destination(err.value, deeper)
+    assert (tmp_path / "out").read_text() == "a file, not a folder\n"
+
+
+def test_a_refused_rename_names_the_destination_not_the_temporary_file(tmp_path):
+    target = tmp_path / "trends.html"
+    target.mkdir()  # a folder where the file should go
+    with pytest.raises(IsADirectoryError) as err:
+        atomic_write_text(target, "<html>")
+    names_the_destination(err.value, target)
+    assert err.value.errno == 21 and err.value.strerror == "Is a directory" and leftovers(tmp_path) == []
+
+
+def test_a_refused_temporary_file_names_the_destination(tmp_path, monkeypatch):
+    """What a read-only directory does (root writes there anyway, so it is stood in for)."""
+    import tempfile
+
+    def refused(prefix, suffix, dir):
+        raise PermissionError(13, "Permission denied", os.path.join(dir, f"{prefix}q4it76g3{suffix}"))
+
+    monkeypatch.setattr(tempfile, "mkstemp", refused)
+    target = tmp_path / "trends.html"
+    with pytest.raises(PermissionError) as err:
+        atomic_write_text(target, "<html>")
+    names_the_destination(err.value, target)
+    assert err.value.errno == 13 and err.value.strerror == "Permission denied"
+
+
+def test_a_full_disk_names_the_destination(tmp_path, monkeypatch):
+    def no_space(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", no_space)
+    target = tmp_path / "results.json"
+    with pytest.raises(OSError) as err:
+        atomic_write_text(target, "after\n")
+    names_the_destination(err.value, target)
+    assert err.value.errno == 28 and leftovers(tmp_path) == []
+
+
+@posix_only
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0,
+                    reason="root writes into read-only directories")
+def test_a_read_only_directory_names_the_destination(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    os.chmod(folder, 0o555)
+    try:
+        with pytest.raises(PermissionError) as err:
+            atomic_write_text(folder / "trends.html", "<html>")
+        names_the_destination(err.value, folder / "trends.html")
+    finally:
+        os.chmod(folder, 0o755)
+
+
+def test_the_command_line_names_the_destination(tmp_path, capsys):
+    """perfsuite's commands print an OSError's filename: the one the user gave."""
+    import json
+
+    from perfsuite.cli.main import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "results.json").write_text(json.dumps({"schema": "perfsuite.results/1", "cells": []}))
+    (run / "results.csv").mkdir()  # a folder where the report's table goes
+    code = main(["report", str(run)])
+    said = capsys.readouterr().err
+    assert code == 2 and f"{run / 'results.csv'}: Is a directory" in said, said
+    assert ".tmp" not in said and "Traceback" not in said
