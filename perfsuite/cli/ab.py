@@ -212,6 +212,11 @@ def _ab_session(args: argparse.Namespace, ab: Any, out: Path, lock: Any, handle_
         except OSError as err:
             raise ab.ABError(f"--out {out}: cannot create it ({err.strerror or err})") from None
         handle_sigterm()
+        refs = {f"--{f}-ref": getattr(args, f"{f}_ref") for f in "ab" if getattr(args, f"{f}_ref")}
+        if refs:  # every ref looked up before any worktree is made
+            from perfsuite.gate.sides import check_refs
+
+            check_refs(args.repo.resolve(), refs)
         sides = [_ab_side(args, name, out) for name in "AB"]
         for side in sides:
             ab.check_interpreter(side)

@@ -119,12 +119,35 @@ def _every_parser_formats_so(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = HelpFormatter
 
 
+def escape_unencodable_output() -> None:
+    """stdout and stderr print what their encoding cannot say escaped (\\xe9), not
+    as a UnicodeEncodeError once the work is done: a path or an id in unicode
+    under PYTHONIOENCODING=ascii or a C locale, a file name that is not UTF-8.
+    A UTF-8 stream's surrogateescape stays: it prints such a name as it is."""
+    import codecs
+
+    for stream in (sys.stdout, sys.stderr):
+        errors, encoding = getattr(stream, "errors", None), getattr(stream, "encoding", None)
+        if not hasattr(stream, "reconfigure") or errors is None or encoding is None:
+            continue
+        try:
+            utf8 = codecs.lookup(encoding).name == "utf-8"
+        except LookupError:
+            utf8 = False
+        if errors == "strict" or (not utf8 and errors != "backslashreplace"):
+            try:
+                stream.reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):  # a stream that cannot change: as it is
+                pass
+
+
 def main(argv: list[str] | None = None) -> int:
     import contextlib
     import os
     import signal
     import threading
 
+    escape_unencodable_output()  # before anything is printed
     options.forget_said()  # an old name is named once per command
     args = build_parser().parse_args(argv)
     if getattr(args, "renamed_command", None):

@@ -8,6 +8,7 @@ interpreter's packages (``checkout_side``).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import site
@@ -24,6 +25,7 @@ from perfsuite.launch.launch import LaunchOptions
 # name, so the side's editable install is found before the current one's.
 BASE_SITE_PTH = "perfsuite_ab_base_site.pth"
 IMPORT_CHECK = "import torch, perfsuite; print(torch.__version__); print(perfsuite.__path__[0])"
+SIDE_DONE = "side.json"  # written last: a side folder without it is a set-up that did not finish
 
 
 class ABError(ValueError):
@@ -117,23 +119,70 @@ def _run(argv: list[Any], what: str, cwd: Path | None = None) -> str:
     return proc.stdout.strip()
 
 
+def check_refs(repo: Path, refs: dict[str, str]) -> dict[str, str]:
+    """The commit of each ref, by the option it came from ({"--a-ref": "HEAD~1"}):
+    every ref is looked up before any worktree is made, so a missing one
+    leaves nothing behind."""
+    return {flag: _run(["git", "-C", repo, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
+                       f"{flag} {ref}: finding the commit in {repo}")
+            for flag, ref in refs.items()}
+
+
+def _forget_worktree(repo: Path, side_dir: Path) -> None:
+    """A side's folder and its worktree gone from ``repo``'s list, as far as git lets."""
+    if (side_dir / "src").exists():
+        subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(side_dir / "src")],
+                       capture_output=True)
+    shutil.rmtree(side_dir, ignore_errors=True)
+    subprocess.run(["git", "-C", str(repo), "worktree", "prune"], capture_output=True)
+
+
 def checkout_side(name: str, ref: str, repo: Path, side_dir: Path,
                   env: dict[str, str] | None = None, flag: str | None = None) -> Side:
     """A side from a git ref of ``repo``: a worktree of the ref, a venv that
     sees the current interpreter's packages (torch is reused, not
     reinstalled), and the worktree installed into it in editable mode.
-    ``flag`` names the option the ref came from in messages (default --a-ref/--b-ref)."""
+    ``flag`` names the option the ref came from in messages (default --a-ref/--b-ref).
+    A side of the same commit that ``side_dir`` already holds is used again
+    (a session that failed after setting it up, retried); one whose set-up
+    did not finish is set up again, and one that fails here leaves no worktree."""
     started = time.monotonic()
     flag = f"{flag or f'--{name.lower()}-ref'} {ref}"
     commit = _run(["git", "-C", repo, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
                   f"{flag}: finding the commit in {repo}")
     src, venv = side_dir / "src", side_dir / "venv"
-    if src.exists() or venv.exists():
-        raise ABError(f"{flag}: {side_dir} already holds a side; choose another --out")
+    python = venv / "bin" / "python"
+    side = Side(name, str(python), {"PYTHONSAFEPATH": "1", **(env or {})}, ref=ref, commit=commit)
+    try:
+        held = json.loads((side_dir / SIDE_DONE).read_text())
+    except (OSError, ValueError):
+        held = None
+    if held is not None and held.get("commit") == commit and held.get("base") == sys.executable \
+            and python.exists() and src.is_dir():
+        return replace(side, setup_s=round(time.monotonic() - started, 2))
+    if held is not None and held.get("commit") != commit:
+        raise ABError(f"{flag}: {side_dir} already holds a side of {held.get('ref')} "
+                      f"({str(held.get('commit'))[:12]}); choose another --out")
+    if side_dir.exists():  # a set-up that did not finish, or of another interpreter: again
+        other = sorted(p.name for p in side_dir.iterdir() if p.name not in ("src", "venv", SIDE_DONE))
+        if other:
+            raise ABError(f"{flag}: {side_dir} holds {other[0]}, not a side; choose another --out")
+        _forget_worktree(repo, side_dir)
+    else:  # a worktree whose folder was deleted stays registered until pruned
+        subprocess.run(["git", "-C", str(repo), "worktree", "prune"], capture_output=True)
+    try:
+        _set_up(repo, commit, src, venv, python, flag, side_dir)
+    except BaseException:  # an error or an interrupt: no half-made side stays registered
+        _forget_worktree(repo, side_dir)
+        raise
+    (side_dir / SIDE_DONE).write_text(json.dumps({"ref": ref, "commit": commit, "base": sys.executable}))
+    return replace(side, setup_s=round(time.monotonic() - started, 2))
+
+
+def _set_up(repo: Path, commit: str, src: Path, venv: Path, python: Path, flag: str, side_dir: Path) -> None:
     _run(["git", "-C", repo, "worktree", "add", "--detach", src, commit], f"{flag}: git worktree add")
     # No pip of its own: through the .pth below the venv runs the current one.
     _run([sys.executable, "-m", "venv", "--without-pip", venv], f"{flag}: python -m venv")
-    python = venv / "bin" / "python"
     purelib = Path(_run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                         f"{flag}: the venv's site-packages"))
     # addsitedir, not a bare path: the current site-packages' own .pth files
@@ -142,5 +191,3 @@ def checkout_side(name: str, ref: str, repo: Path, side_dir: Path,
     (purelib / BASE_SITE_PTH).write_text(f"import site; {adds}\n")
     _run([python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "-e", src],
          f"{flag}: pip install -e {src}", cwd=side_dir)
-    return Side(name, str(python), {"PYTHONSAFEPATH": "1", **(env or {})}, ref=ref, commit=commit,
-                setup_s=round(time.monotonic() - started, 2))

@@ -169,10 +169,28 @@ def crash_report(log_text: str, records: list[dict | None],
         return reason, ranks
     if missing:  # a rank died without a word; the others only lost their peer
         first = first if first in missing else missing[0]
-    rank = first
+    rank, agent = first, agent_exit(log_text)
+    agent_how = None if agent is None else (f"torch.distributed.run was killed by {signal_name(agent)}"
+                                            if signal_name(agent) else
+                                            f"torch.distributed.run exited with code {agent}")
     if rank is None:
-        return "torch.distributed.run failed; see output.log", ranks
+        return f"{agent_how or 'torch.distributed.run failed'}; see output.log", ranks
     code = ranks.get(rank, {}).get("exit_code")
     how = (f"killed by {signal_name(code)}" if signal_name(code)
-           else f"exit code {code}" if code is not None else "exit code unknown")
+           else f"exit code {code}" if code is not None else agent_how or "exit code unknown")
     return f"rank {rank} died without a result ({how})", ranks
+
+
+# The launcher's last line in output.log where torchrun's agent ended non-zero:
+# a killed agent, or one that failed before any rank, prints no failure table.
+_AGENT_EXIT = re.compile(r"^perfsuite: torch\.distributed\.run ended with exit status (-?\d+)$", re.MULTILINE)
+
+
+def agent_exit_line(code: int) -> str:
+    return f"perfsuite: torch.distributed.run ended with exit status {code}\n"
+
+
+def agent_exit(log_text: str) -> int | None:
+    """The agent's exit status the launcher wrote into output.log, if any."""
+    found = _AGENT_EXIT.findall(log_text)
+    return int(found[-1]) if found else None

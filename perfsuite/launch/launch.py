@@ -34,6 +34,8 @@ OUTPUT_TAIL_CHARS = 4000
 PROGRESS_EVERY_S = 30.0
 STACK_DUMP_GRACE_S = 2.0
 TERMINATE_GRACE_S = 10.0
+LEFTOVER_GRACE_S = 3.0  # a process the launch left behind (a user's helper): SIGTERM, then SIGKILL
+TRACK_EVERY_S = 1.0  # how often a running launch's processes are noted
 
 
 @dataclass
@@ -115,34 +117,99 @@ def torchrun_argv(cell: Cell, directory: Path, opts: LaunchOptions, profiler: st
     return argv + worker
 
 
-def _children(pid: int) -> list[int]:
+def launch_marks(token: str) -> dict[str, str]:
+    """What every process a launch execs carries in its environment."""
+    return {"PERFSUITE_RUN_TOKEN": token, "PERFSUITE_LAUNCHER_PID": str(os.getpid())}
+
+
+def _alive(process: Any) -> bool:
+    import psutil
+
     try:
-        import psutil
-
-        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
-    except Exception:  # noqa: BLE001 - the process may be gone already
-        return []
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
-def _end_process_tree(proc: subprocess.Popen, dump_stacks: bool) -> None:
-    """Ask the ranks for their stacks, then end the whole session."""
-    if dump_stacks:
-        for pid in _children(proc.pid):
+def _children(pid: int, marks: dict[str, str] | None = None,
+              seen: dict[int, Any] | None = None) -> dict[int, Any]:
+    """The live processes (psutil's, which tell a reused pid) of the launch whose
+    agent is ``pid``: its descendants, those ``seen`` before (re-parented since),
+    and with ``marks`` any whose environment carries them (one that called
+    setsid) outside the launcher's other children's trees (a zygote, another
+    launch), where a forked process shows its forebear's environment."""
+    import psutil
+
+    def tree(root: int) -> dict[int, Any]:
+        try:
+            return {p.pid: p for p in psutil.Process(root).children(recursive=True)}
+        except psutil.Error:
+            return {}
+
+    found = {**{p.pid: p for p in (seen or {}).values() if _alive(p)}, **tree(pid)}
+    if marks:
+        others: set[int] = set()
+        for child in psutil.Process().children():
+            if child.pid != pid:
+                others |= {child.pid, *tree(child.pid)}
+        others -= {pid, *found}  # this launch's agent may be a zygote's child
+        for process in psutil.process_iter():
+            if process.pid in found or process.pid in others:
+                continue
             try:
-                os.kill(pid, signal.SIGUSR1)
-            except OSError:
-                pass
-        time.sleep(STACK_DUMP_GRACE_S)
-    for sig, grace in ((signal.SIGTERM, TERMINATE_GRACE_S), (signal.SIGKILL, 5.0)):
+                environ = process.environ()
+            except psutil.Error:
+                continue
+            if all(environ.get(k) == v for k, v in marks.items()):
+                found[process.pid] = process
+    for own in (os.getpid(), pid):  # the agent is ended through its session and waited for
+        found.pop(own, None)
+    return {k: p for k, p in found.items() if _alive(p)}
+
+
+def _signal_all(processes: list[Any], sig: int, wait_s: float) -> list[Any]:
+    """Send ``sig`` to each; those still alive after up to ``wait_s``."""
+    import psutil
+
+    for process in processes:
         try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
+            process.send_signal(sig)
+        except psutil.Error:
+            pass
+    deadline = time.monotonic() + wait_s
+    while True:
+        processes = [p for p in processes if _alive(p)]
+        if not processes or time.monotonic() >= deadline:
+            return processes
+        time.sleep(0.05)
+
+
+def _end_process_tree(proc: subprocess.Popen, dump_stacks: bool, marks: dict[str, str] | None = None,
+                      seen: dict[int, Any] | None = None) -> None:
+    """Ask the ranks for their stacks, end the agent's session, then every other
+    process of the launch (``_children``: a rank's helper, a grandchild, one in
+    a session of its own, one deaf to SIGTERM); after every launch."""
+    seen = {} if seen is None else seen
+    seen.update(_children(proc.pid, seen=seen))  # before the agent ends: its tree is re-parented then
+    if proc.poll() is None:
+        if dump_stacks:
+            _signal_all(list(seen.values()), signal.SIGUSR1, 0)
+            time.sleep(STACK_DUMP_GRACE_S)
+        for sig, grace in ((signal.SIGTERM, TERMINATE_GRACE_S), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(timeout=grace)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+    for _ in range(3):  # a leftover may start another as it ends
+        left = list(_children(proc.pid, marks, seen).values())
+        if not left:
             return
-        try:
-            proc.wait(timeout=grace)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+        _signal_all(_signal_all(left, signal.SIGTERM, LEFTOVER_GRACE_S), signal.SIGKILL, 5.0)
 
 
 def _attach_profile(result: dict[str, Any], mode: str, note: str, profile_dir: Path,
@@ -172,20 +239,23 @@ def _attach_profile(result: dict[str, Any], mode: str, note: str, profile_dir: P
 
 
 def _wait(proc: subprocess.Popen, timeout: float, cell: Cell, directory: Path,
-          on_progress: Callable[[Cell, str], None] | None) -> int:
-    """proc.wait(timeout), telling on_progress where the ranks are meanwhile."""
-    if on_progress is None:
-        return proc.wait(timeout=timeout)
-    watch = diagnose.ProgressWatch(directory)
+          on_progress: Callable[[Cell, str], None] | None, seen: dict[int, Any] | None = None) -> int:
+    """proc.wait(timeout), noting the launch's processes in ``seen`` (one whose
+    parent ends is no one's descendant after) and telling on_progress where the ranks are."""
+    watch = diagnose.ProgressWatch(directory) if on_progress is not None else None
     deadline = time.monotonic() + timeout
     next_report = time.monotonic() + PROGRESS_EVERY_S
     while True:
         try:
-            return proc.wait(timeout=max(min(deadline - time.monotonic(), 1.0), 0.01))
+            return proc.wait(timeout=max(min(deadline - time.monotonic(), TRACK_EVERY_S), 0.01))
         except subprocess.TimeoutExpired:
             if time.monotonic() >= deadline:
                 raise
-        if time.monotonic() >= next_report:
+        if seen is not None:
+            found = _children(proc.pid, seen=seen)
+            seen.clear()
+            seen.update(found)
+        if watch is not None and time.monotonic() >= next_report:
             next_report += PROGRESS_EVERY_S
             line = watch.line()
             if line:
@@ -325,15 +395,17 @@ def run_cell(cell: Cell, out_dir: Path, opts: LaunchOptions | None = None) -> di
             start, start_note = "exec", str(err)
             argv = plan.wrap(torchrun_argv(cell, directory, opts, profiler, plan, start))
             proc = starting.start_agent(argv, log.fileno(), env, start, cell, opts.python)
+        seen: dict[int, Any] = {}
         try:
-            returncode = _wait(proc, timeout, cell, directory, opts.on_progress)
+            returncode = _wait(proc, timeout, cell, directory, opts.on_progress, seen)
         except subprocess.TimeoutExpired:
             timed_out = True
-            _end_process_tree(proc, dump_stacks=True)
+            _end_process_tree(proc, dump_stacks=True, seen=seen)
             returncode = proc.returncode
-        except BaseException:  # Ctrl-C, SIGTERM: leave no rank behind, then propagate
-            _end_process_tree(proc, dump_stacks=False)
-            raise
+        finally:  # passed, failed, timed out or interrupted: no process of the launch outlives it
+            _end_process_tree(proc, dump_stacks=False, marks=launch_marks(token), seen=seen)
+        if returncode and not timed_out:  # where torchrun's own output names no exit code
+            os.write(log.fileno(), diagnose.agent_exit_line(returncode).encode())
     records = _records(directory, cell.processes, token,
                        wait_s=plan.record_wait_s if returncode == 0 else 0)
     if plan.partner_of(records, proc.pid):

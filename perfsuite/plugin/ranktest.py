@@ -9,8 +9,10 @@ A test that fails in the rank raises its own exception here (an
 AssertionError with pytest's explanation), so the rank's record, and the
 cell's reason, carry that rank's message; one that skips itself
 (``pytest.skip``, a ``skipif``, an ``xfail`` that failed as expected) skips
-the cell with its reason; the worker's record, progress and stack files
-give a raise, a hang or a kill the diagnosis of any cell.
+the cell with its reason, in every rank: a rank that skips leaves a note and
+closes its process group, and a peer whose collective then fails for the
+lost peer skips with that reason; the worker's record, progress and stack
+files give a raise, a hang or a kill the diagnosis of any cell.
 
 The test is found from the launcher's pytest root: ``$PERFSUITE_PYTEST_ROOTDIR``
 and ``$PERFSUITE_PYTEST_INIFILE`` (the plugin sets them for its launches),
@@ -24,17 +26,22 @@ prints goes to the cell's ``output.log``, prefixed with its rank.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from perfsuite.rank.peers import is_peer_failure
 from perfsuite.steps import Dist, Steps
 
 ROOTDIR_ENV, INIFILE_ENV = "PERFSUITE_PYTEST_ROOTDIR", "PERFSUITE_PYTEST_INIFILE"
 CURRENT: RankSession | None = None  # while pytest runs in this rank (perfsuite.plugin.usercells)
+SKIP_NOTE = "skipped-rank{rank}.json"  # in the cell's directory: why a rank skipped, for its peers
+PEER_NOTE_WAIT_S = 2.0  # a peer's note is written before its connections close; a shared folder may lag
 
 
 class RankTestError(RuntimeError):
@@ -107,6 +114,54 @@ def pytest_args(cell: Any, environ: dict[str, str] | None = None) -> list[str]:
     return args
 
 
+def _leave_peers(ctx: Any, reason: str) -> None:
+    """This rank skipped: say why where its peers look, then close its process
+    group, so that a peer waiting in a collective fails at once rather than at
+    the cell's timeout (a forked rank lives on until every rank returned)."""
+    import torch.distributed as dist
+
+    note = {"run_token": os.environ.get("PERFSUITE_RUN_TOKEN"), "rank": ctx.rank, "reason": reason}
+    path = Path(ctx.out_dir) / SKIP_NOTE.format(rank=ctx.rank)
+    path.with_suffix(".tmp").write_text(json.dumps(note))
+    path.with_suffix(".tmp").replace(path)
+    if ctx.world_size > 1 and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _peer_skip(ctx: Any, err: BaseException) -> str | None:
+    """Why a peer skipped, where ``err`` only says that a peer went away."""
+    if ctx.world_size < 2 or not is_peer_failure(str(err)):
+        return None
+    deadline = time.monotonic() + PEER_NOTE_WAIT_S
+    while True:
+        for rank in range(ctx.world_size):
+            try:
+                note = json.loads((Path(ctx.out_dir) / SKIP_NOTE.format(rank=rank)).read_text())
+            except (OSError, ValueError):
+                continue
+            if rank != ctx.rank and note.get("run_token") == os.environ.get("PERFSUITE_RUN_TOKEN"):
+                return note.get("reason") or "a peer skipped"
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.1)
+
+
+def _meet(ctx: Any) -> None:
+    """After a pass, meet the peers once more: one that skipped after the last
+    collective is found here (the worker's own barrier would call it a failure)."""
+    import torch.distributed as dist
+
+    if ctx.world_size < 2 or not dist.is_initialized():
+        return
+    try:
+        dist.barrier()
+    except Exception as err:  # noqa: BLE001 - a lost peer that skipped; anything else stands
+        reason = _peer_skip(ctx, err)
+        if reason is not None:
+            raise pytest.skip.Exception(reason) from None
+        raise
+
+
 def run(cell: Any, ctx: Any) -> dict[str, Any]:
     """Run the cell's test in this rank; the measured part of its record."""
     global CURRENT
@@ -124,11 +179,16 @@ def run(cell: Any, ctx: Any) -> dict[str, Any]:
     finally:
         CURRENT = None
     if session.failure is not None:
+        reason = _peer_skip(ctx, session.failure)
+        if reason is not None:  # the peer's skip, not this rank's failure
+            raise pytest.skip.Exception(reason)
         raise session.failure
     if session.skipped is not None and not session.passed:  # the worker records the cell skipped
+        _leave_peers(ctx, session.skipped)
         raise pytest.skip.Exception(session.skipped)
     if not session.passed:
         why = "; ".join(session.errors) or (
             "no such test here" if code == pytest.ExitCode.NO_TESTS_COLLECTED else f"exit code {code}")
         raise RankTestError(f"pytest in rank {ctx.rank} did not pass {cell.workload}: {why}")
+    _meet(ctx)
     return session.steps.record()

@@ -123,12 +123,37 @@ def _test_id(item: pytest.Item, cell: cells_mod.Cell) -> str:
     return prefix + (f"[{'-'.join(ids)}]" if ids else "")
 
 
+def _unknown_workloads(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A ``@pytest.mark.perf(workload=...)`` naming no workload of any cell
+    (a typo) is a collection error naming the test and the known ones; pytest
+    would only skip it, "got empty parameter set", and CI would stay green."""
+    marked = [(item, item.get_closest_marker("perf")) for item in items
+              if item.get_closest_marker(MARKER) is None]
+    marked = [(item, mark.kwargs.get("workload")) for item, mark in marked if mark is not None]
+    if not any(workload is not None for _, workload in marked):
+        return
+    known = sorted(set(cells_mod.WORKLOADS) | {c.workload for c in cells_mod.matrix().values()})
+    reported: set[str] = set()
+    for item, workload in marked:
+        if workload is None or workload in known:
+            continue
+        items.remove(item)
+        test = item.nodeid.split("[")[0]  # its items: test[NOTSET], one per own parameter
+        if test not in reported:
+            reported.add(test)
+            message = (f"{test}: @pytest.mark.perf(workload={workload!r}): no cell has that workload; "
+                       f"known: {', '.join(known)} (one's own needs an experiment file: perf_experiments)")
+            config.hook.pytest_collectreport(report=pytest.CollectReport(test, "failed", message, []))
+
+
 def prepare(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Each user test's cell named after its own parameters too; then in a
     rank only the one test it runs is kept, and in the pytest process the
     ``--perf-cell`` ids choose and the tests' own fixtures are left to the
     ranks (``LAUNCHER_FIXTURES``)."""
     session = rank_session()
+    if session is None:
+        _unknown_workloads(config, items)
     wanted = set(config.getoption("--perf-cell"))
     kept, dropped = [], []
     for item in items:

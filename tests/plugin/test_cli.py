@@ -438,3 +438,77 @@ def test_a_run_that_selects_no_cell_is_a_usage_error(capsys):
     assert main(["run", "--tier", "smoke", "--workload", "probe", "--history", "off"]) == 2
     err = capsys.readouterr().err
     assert "tier smoke, workload probe selects no cell" in err and "Traceback" not in err
+
+
+def test_paths_and_ids_an_output_encoding_cannot_say_are_escaped_not_a_traceback(tmp_path):
+    """PYTHONIOENCODING=ascii (a CI log, LANG=C elsewhere): a unicode id or
+    path is printed escaped, the command does what it did and exits 0."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "exp").mkdir()
+    (tmp_path / "exp" / "mine.toml").write_text(
+        '[[experiment]]\nname = "unicode"\ntier = "smoke"\nworkload = "mod\u00e8le.train:run"\n'
+        'axes = {world_size = [1]}\n', encoding="utf-8")
+    run = write_run(tmp_path / "r\u00e9sum\u00e9", 1.0)
+    env = {**os.environ, "PYTHONIOENCODING": "ascii", "PERFSUITE_EXPERIMENTS": str(tmp_path / "exp")}
+    for args, said in ((["list", "--tier", "smoke"], "smoke/mod\\xe8le.train:run/c1"),
+                       (["report", str(run)], "r\\xe9sum\\xe9")):
+        done = subprocess.run([sys.executable, "-m", "perfsuite.cli.main", *args], env=env,
+                              capture_output=True, timeout=120)
+        out, err = done.stdout.decode("ascii"), done.stderr.decode("ascii")
+        assert done.returncode == 0 and "Traceback" not in err, (args, err[-2000:])
+        assert said in out, (args, out[-2000:])
+    assert (run / "report.html").is_file()
+
+
+def _git_repo(path):
+    import subprocess
+
+    def git(*argv):
+        return subprocess.run(["git", "-C", str(path), "-c", "user.name=t", "-c", "user.email=t@t", *argv],
+                              check=True, capture_output=True, text=True).stdout.strip()
+
+    (path / "abprobe").mkdir(parents=True)
+    (path / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=68"]\nbuild-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "abprobe"\nversion = "0.1"\n')
+    git("init", "-q")
+    for version in ("one", "two"):
+        (path / "abprobe" / "__init__.py").write_text(f"VERSION = {version!r}\n")
+        git("add", "-A")
+        git("commit", "-qm", version)
+    return git
+
+
+def test_ab_with_a_missing_ref_names_it_and_a_retry_into_the_same_out_works(tmp_path, capsys, monkeypatch):
+    import shutil
+    from types import SimpleNamespace
+
+    from perfsuite.gate import ab, sides
+
+    git = _git_repo(tmp_path / "repo")
+    out = tmp_path / "out"
+    argv = ["ab", CELL.id, "--repo", str(tmp_path / "repo"), "--out", str(out), "--a-ref", "HEAD~1"]
+    with __import__("pytest").raises(ab.ABError, match="--b-ref missing: finding the commit"):
+        sides.check_refs(tmp_path / "repo", {"--a-ref": "HEAD~1", "--b-ref": "missing"})
+    assert main([*argv, "--b-ref", "missing"]) == 2
+    assert "--b-ref missing: finding the commit" in capsys.readouterr().err
+    assert len(git("worktree", "list").splitlines()) == 1  # both refs looked up before any worktree
+    assert main([*argv, "--b-ref", "missing"]) == 2  # retried as it was
+    err = capsys.readouterr().err
+    assert "--b-ref missing: finding the commit" in err and "already holds" not in err
+    # with B's ref right, both sides are set up (the launches are not this test's)
+    sessions = []
+    monkeypatch.setattr(ab, "check_interpreter", lambda side: setattr(side, "torch", "2") or setattr(
+        side, "perfsuite", str(side.python)))
+    monkeypatch.setattr(ab, "ABSession", lambda cells, a, b, *rest, **kw: sessions.append((a, b)) or
+                        SimpleNamespace(run=lambda: 0, data={}))
+    assert main([*argv, "--b-ref", "HEAD"]) == 0, capsys.readouterr().err
+    assert [s.commit for s in sessions[-1]] == [git("rev-parse", "HEAD~1"), git("rev-parse", "HEAD")]
+    # a side whose folder went (its worktree still registered) and one whose set-up did not finish
+    shutil.rmtree(out / "sides" / "b")
+    (out / "sides" / "a" / sides.SIDE_DONE).unlink()
+    assert main([*argv, "--b-ref", "HEAD"]) == 0, capsys.readouterr().err
+    assert len(git("worktree", "list").splitlines()) == 3  # the repository and the two sides, once each

@@ -256,3 +256,98 @@ def test_a_timeout_that_is_no_number_of_seconds_is_a_collection_error_naming_it(
     text = run.stdout.str()
     assert run.ret != 0 and "Traceback" not in text and "INTERNALERROR" not in text
     assert "timeout=" in text and "a number of seconds (> 0)" in text
+
+
+HELPERS = '''
+import subprocess
+import sys
+
+import pytest
+
+MARKER = {marker!r}
+SLEEP = "import time; time.sleep(600)  # " + MARKER
+STUBBORN = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "time.sleep(600)  # " + MARKER)
+
+
+def leave_helpers():
+    py = sys.executable
+    subprocess.Popen([py, "-c", SLEEP, MARKER])
+    subprocess.Popen([py, "-c", STUBBORN, MARKER])
+    subprocess.Popen([py, "-c", "import subprocess, sys, time; subprocess.Popen([sys.executable, "
+                      "'-c', sys.argv[1], sys.argv[2]]); time.sleep(600)", SLEEP, MARKER])
+    subprocess.Popen([py, "-c", SLEEP, MARKER], start_new_session=True)
+
+
+@pytest.mark.perf_ranks(1)
+def test_passes(perf_dist, perf_steps):
+    leave_helpers()
+    for _ in perf_steps(range(6), warmup=1):
+        pass
+
+
+@pytest.mark.perf_ranks(1)
+def test_fails(perf_dist, perf_steps):
+    leave_helpers()
+    assert perf_dist.world_size == 2, "this rank fails"
+'''
+
+
+@pytest.mark.slow
+def test_helpers_a_test_leaves_behind_end_with_its_launch_passed_or_failed(pytester):
+    import uuid
+
+    marker = f"perfsuite-helper-{uuid.uuid4().hex}"
+    pytester.makepyfile(test_helpers=HELPERS.format(marker=marker))
+    out = pytester.path / "out"
+    try:
+        pytester.runpytest("--perf-out", str(out), "--perf-no-probe", "--perf-history", "off")
+        cells = {c["id"].rsplit("::", 1)[1]: c for c in results.load(out)["cells"]}
+        assert cells["test_passes/c1"]["status"] == "ok", cells["test_passes/c1"]["reason"]
+        assert cells["test_fails/c1"]["status"] == "error"
+        assert survivors(marker) == []  # a child, one deaf to SIGTERM, a grandchild, one in its own session
+    finally:
+        import os
+        import signal
+
+        for pid in survivors(marker):
+            os.kill(pid, signal.SIGKILL)
+
+
+PEER_SKIPS = '''
+import pytest
+
+
+@pytest.mark.perf_ranks(2, timeout=60)
+def test_one_rank_skips(perf_dist, perf_steps):
+    import torch
+    import torch.distributed as dist
+
+    if perf_dist.rank == 1:
+        pytest.skip("rank 1 lacks the fused kernel")
+    dist.all_reduce(torch.ones(4))  # rank 0 waits for a peer that is gone
+
+
+@pytest.mark.perf_ranks(2, timeout=60)
+def test_one_rank_skips_after_the_last_collective(perf_dist, perf_steps):
+    import torch
+    import torch.distributed as dist
+
+    dist.all_reduce(torch.ones(4))
+    if perf_dist.rank == 1:
+        pytest.skip("rank 1 found nothing to compare")
+'''
+
+
+@pytest.mark.slow
+def test_a_peer_that_skips_skips_the_cell_with_its_reason_not_a_lost_connection(pytester):
+    pytester.makepyfile(test_peer=PEER_SKIPS)
+    out = pytester.path / "out"
+    run = pytester.runpytest("--perf-out", str(out), "--perf-no-probe", "--perf-history", "off", "-rs")
+    cells = {c["id"].rsplit("::", 1)[1]: c for c in results.load(out)["cells"]}
+    for test, reason in (("test_one_rank_skips/c2", "rank 1 lacks the fused kernel"),
+                         ("test_one_rank_skips_after_the_last_collective/c2", "rank 1 found nothing to compare")):
+        cell = cells[test]
+        assert cell["status"] == "skipped", cell["reason"]
+        assert cell["reason"].endswith(f"skipped: {reason}") and "onnection" not in cell["reason"]
+    run.assert_outcomes(skipped=2)

@@ -85,3 +85,22 @@ def test_on_several_nodes_only_the_template_prefix_names_a_rank():
     assert diagnose.rank_tails(log) == {1: "from a local rank", 3: "from global rank 3"}
     _, ranks = diagnose.crash_report(log, [None] * 4, nnodes=2)
     assert ranks[1]["tail"] == "" and ranks[3]["tail"] == "from global rank 3"
+
+
+def test_the_agents_exit_status_is_said_where_the_failure_table_names_no_code():
+    lost = {"status": "error", "finished": 1.0,
+            "error": {"type": "RuntimeError", "message": "[gloo/pair.cc:561] Connection closed by peer"}}
+    only_rank0 = ("Root Cause (first observed failure):\n[0]:\n  rank      : 0 (local_rank: 0)\n"
+                  "  exitcode  : 1 (pid: 4242)\n")
+    # rank 1 ended without its result and torchrun's table names rank 0 alone
+    reason, ranks = diagnose.crash_report(only_rank0 + diagnose.agent_exit_line(1), [lost, None])
+    assert reason == "rank 1 died without a result (torch.distributed.run exited with code 1)"
+    assert ranks[0]["exit_code"] == 1 and ranks[1]["exit_code"] is None
+    # no table at all (the agent itself was killed, or failed before any rank): the launcher's line
+    killed = "[rank0]: step 3\n" + diagnose.agent_exit_line(-9)
+    assert diagnose.agent_exit(killed) == -9 and diagnose.agent_exit("") is None
+    reason, _ = diagnose.crash_report(killed, [None, None])
+    assert reason == "rank 0 died without a result (torch.distributed.run was killed by SIGKILL)"
+    assert diagnose.rank_tails(killed) == {0: "step 3"}
+    reason, _ = diagnose.crash_report("RendezvousError\n" + diagnose.agent_exit_line(1), [])
+    assert reason == "torch.distributed.run exited with code 1; see output.log"
