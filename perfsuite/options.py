@@ -86,6 +86,9 @@ def add_old_name(parser: Any, old: str, new: argparse.Action) -> None:
                         choices=new.choices, metavar=new.metavar)
 
 
+RANK_STARTS = ("fork", "exec")  # perfsuite.launch.starting
+
+
 def add_launch_options(add: Callable[..., Any], prefix: str = "--") -> dict[str, Any]:
     """The options that launch cells, through ``add`` (an argparse group's
     ``add_argument``, or pytest's ``addoption`` with ``prefix`` ``--perf-``);
@@ -118,6 +121,10 @@ def add_launch_options(add: Callable[..., Any], prefix: str = "--") -> dict[str,
            help="rendezvous id, the same on every node, new for every job (default: none)")
     option("slurm", action="store_true",
            help="inside a SLURM allocation: nodes from the job, torchrun started through srun")
+    option("rank-start", default=None, choices=RANK_STARTS,
+           help="fork: ranks forked from an interpreter that imported torch and the workload once (one "
+                "node, no srun, no nsys; seconds less a launch); exec: each rank a fresh interpreter "
+                "(default: $PERFSUITE_RANK_START, else fork)")
     return added
 
 # perfsuite ab's resident windows (perfsuite.gate.resident). On the 2-core VM a

@@ -380,7 +380,8 @@ class Runner:
 def launch_options(*, data_dir: str | Path | None = None, options: list[str] = (),
                    timeout: float | None = None, profiler: str | None = None,
                    gpus: str | None = None, nnodes: int = 1, rdzv_endpoint: str | None = None,
-                   rdzv_id: str | None = None, slurm: bool = False) -> LaunchOptions:
+                   rdzv_id: str | None = None, slurm: bool = False,
+                   rank_start: str | None = None) -> LaunchOptions:
     """LaunchOptions from command-line values (pytest's or perfsuite's)."""
     from perfsuite.launch import multinode
 
@@ -405,4 +406,4 @@ def launch_options(*, data_dir: str | Path | None = None, options: list[str] = (
              multinode.Nodes(nnodes=nnodes, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id))
     return LaunchOptions(data_dir=Path(data_dir) if data_dir else None,
                          options=dict(o.split("=", 1) for o in options), timeout_s=timeout,
-                         profiler=profiler, gpus=gpu_list, nodes=nodes)
+                         profiler=profiler, gpus=gpu_list, nodes=nodes, rank_start=rank_start)

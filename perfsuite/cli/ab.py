@@ -144,7 +144,8 @@ def _launching(args: argparse.Namespace, chosen: list[cells_mod.Cell]):
     try:
         launch = launch_options(data_dir=args.data_dir, options=args.option, timeout=args.timeout,
                                 profiler=args.profiler, gpus=args.gpus, nnodes=args.nnodes,
-                                rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id, slurm=args.slurm)
+                                rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id, slurm=args.slurm,
+                                rank_start=args.rank_start)
     except ValueError as err:
         raise ab.ABError(str(err)) from None
     if not args.allow_no_gpu:

@@ -75,7 +75,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         launch = launch_options(
             data_dir=args.data_dir, options=args.option, timeout=args.timeout,
             profiler=args.profiler, gpus=args.gpus, nnodes=args.nnodes,
-            rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id, slurm=args.slurm)
+            rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id, slurm=args.slurm,
+            rank_start=args.rank_start)
         if args.repeats < 1:
             raise ValueError("--repeats must be at least 1")
     except ValueError as err:

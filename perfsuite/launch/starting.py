@@ -23,9 +23,9 @@ import sys
 from perfsuite import specs
 from perfsuite.cells import Cell
 from perfsuite.launch import agent, multinode
+from perfsuite.options import RANK_STARTS
 from perfsuite.system.lifetime import die_with_me
 
-RANK_STARTS = ("fork", "exec")
 # What every rank imports, whatever its workload: torch, the optimiser's
 # torch._dynamo, torchrun's agent, the worker.
 PRELOAD = ["torch", "torch._dynamo", "torch.distributed.run", "perfsuite.rank.worker"]

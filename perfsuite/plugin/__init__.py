@@ -81,7 +81,7 @@ def _session_runner(config: pytest.Config) -> Runner:
             data_dir=get("--perf-data-dir"), options=get("--perf-option"),
             timeout=get("--perf-timeout"), profiler=get("--perf-profiler"), gpus=get("--perf-gpus"),
             nnodes=get("--perf-nnodes"), rdzv_endpoint=get("--perf-rdzv-endpoint"),
-            rdzv_id=get("--perf-rdzv-id"), slurm=get("--perf-slurm"))
+            rdzv_id=get("--perf-rdzv-id"), slurm=get("--perf-slurm"), rank_start=get("--perf-rank-start"))
     except ValueError as err:
         raise pytest.UsageError(f"perfsuite: {err}") from None
 

@@ -41,8 +41,21 @@ if __name__ == "__main__":
 
     # an older perfsuite's layout (an A/B side from a git ref) had perfsuite.worker
     worker = "perfsuite.rank.worker" if find_spec("perfsuite.rank") else "perfsuite.worker"
+    def uses_cuda(argv: list[str]) -> bool:
+        """Whether this rank's cell runs on CUDA (its --cell-file says)."""
+        import json
+
+        try:
+            cell_file = argv[argv.index("--cell-file") + 1]
+            with open(cell_file, encoding="utf-8") as f:
+                return json.load(f).get("device") == "cuda"
+        except (ValueError, IndexError, OSError):
+            return False  # the worker will say what is wrong with its arguments
+
     bad_fork = getattr(torch._C, "_cuda_isInBadFork", None)
-    if bad_fork is not None and bad_fork():
+    # A CPU rank never starts CUDA: a poisoned fork costs it nothing (on a
+    # machine without NVML torchrun's check poisons it all the same).
+    if bad_fork is not None and bad_fork() and uses_cuda(sys.argv):
         # Not exec in place: torchrun waits for a forked rank's return value on
         # a queue only this process can fill. The fresh worker dies with this
         # process (its parent-death signal) and gets its SIGTERM.

@@ -64,25 +64,55 @@ def test_a_zygote_imports_the_built_in_workload_but_never_the_users_own():
     assert sys.executable  # the zygote runs under the launch's interpreter
 
 
-@pytest.mark.slow
-def test_a_rank_forked_after_cuda_was_asked_starts_afresh_and_trains(tmp_path, monkeypatch):
-    """torchrun's own agent asks torch.accelerator.is_available() (seen on an
-    H200 with torch 2.11: every forked rank failed with "Cannot re-initialize
-    CUDA in forked subprocess"). Stood in for by a zygote whose preloaded
-    module asks CUDA (which poisons later forks with or without a GPU): each
-    rank runs the worker in a fresh interpreter and the cell trains."""
-    (tmp_path / "asks_cuda.py").write_text("import torch\ntorch.cuda.is_available()\n")
-    monkeypatch.chdir(tmp_path)  # a zygote of its own: its key holds the working directory
-    monkeypatch.setattr(agent, "_ZYGOTES", {})
-    monkeypatch.setattr(starting, "PRELOAD", [*starting.PRELOAD, "asks_cuda"])
+def _forked_rank_after_cuda_was_asked(tmp_path, device: str) -> tuple[int, str, dict]:
+    """What torchrun does with --start-method=fork after its agent asked CUDA
+    (torch.accelerator.is_available(), which poisons later forks with or
+    without a GPU): a child forked from a poisoned process runs
+    perfsuite/rank/forked.py. Its exit code, output and rank record."""
+    import json
+    import subprocess
+
+    cell = tiny(world_size=1, device=device)
+    (tmp_path / "cell.json").write_text(json.dumps(cell.params()))
+    script = f"""
+import os, runpy, sys, torch
+torch.cuda.is_available()  # the agent's question
+pid = os.fork()
+if pid == 0:
+    sys.argv = [{str(agent.FORKED_RANK)!r}, "--cell-file", {str(tmp_path / "cell.json")!r}, "--out", {str(tmp_path)!r}]
     try:
-        result = run_cell(tiny(world_size=1), tmp_path / "out", LaunchOptions(rank_start="fork"))
-    finally:
-        agent.close_zygotes()
-    assert result["status"] == "ok", result.get("output_tail")
-    log = (tmp_path / "out").rglob("output.log").__next__().read_text()
-    assert "had initialised CUDA before it forked this rank; running it in a fresh interpreter" in log
-    assert result["timeline"]["workload_import"] > 0.5  # the fresh interpreter imported it again
+        runpy.run_path(sys.argv[0], run_name="__main__")
+    except SystemExit as done:
+        os._exit(done.code or 0)
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+print("forked pid", pid, flush=True)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": "29561"}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    record = json.loads((tmp_path / "rank0.json").read_text())
+    return proc.returncode, proc.stdout + proc.stderr, record
+
+
+def test_a_cuda_rank_forked_after_cuda_was_asked_runs_the_worker_in_a_fresh_interpreter(tmp_path):
+    """Seen on an H200 with torch 2.11: every forked rank failed with "Cannot
+    re-initialize CUDA in forked subprocess". A CUDA rank that finds itself
+    poisoned runs the worker in a fresh interpreter of its own and says so
+    (here without a GPU the fresh worker fails, writing its record: it ran)."""
+    code, output, record = _forked_rank_after_cuda_was_asked(tmp_path, "cuda")
+    assert "had initialised CUDA before it forked this rank; running it in a fresh interpreter" in output
+    forked_pid = int(output.split("forked pid ")[1].split()[0])
+    assert record["pid"] != forked_pid  # the record is the fresh interpreter's
+    assert code == 1 and record["status"] == "error"
+
+
+def test_a_cpu_rank_forked_after_cuda_was_asked_trains_where_it_was_forked(tmp_path):
+    code, output, record = _forked_rank_after_cuda_was_asked(tmp_path, "cpu")
+    assert "fresh interpreter" not in output
+    forked_pid = int(output.split("forked pid ")[1].split()[0])
+    assert code == 0 and record["status"] == "ok" and record["pid"] == forked_pid
 
 
 def test_the_agent_checks_cuda_through_nvml_and_the_rank_gets_the_users_environment_back(monkeypatch):
