@@ -233,6 +233,19 @@ def _validator() -> Any:
     return Draft202012Validator(json.loads(SCHEMA_FILE.read_text(encoding="utf-8")))
 
 
+def metrics_problem(metrics: dict[str, Any]) -> str | None:
+    """What the results schema would refuse in a record's ``metrics`` (a zero
+    step time, a unit that is no string), as ``metrics/...: why``; None where
+    nothing. Checked in the rank where the record is made, so one workload's
+    bad value is its own cell's error, never the whole results.json's."""
+    from jsonschema import Draft202012Validator
+
+    schema = {"properties": {"metrics": {"$ref": "#/$defs/metrics"}}, "$defs": _validator().schema["$defs"]}
+    errors = sorted(Draft202012Validator(schema).iter_errors({"metrics": _json_safe(metrics)}),
+                    key=lambda e: _path_key(e.absolute_path))
+    return _problem(errors[0], {}) if errors else None
+
+
 _JSON_TYPES = {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
                type(None): "null", int: "a number", float: "a number"}
 

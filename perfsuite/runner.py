@@ -74,6 +74,8 @@ class SessionError(RuntimeError):
     """Something a session needs is wrong; found before the first launch."""
 
 
+# Folders of another kind of session, which a run never resumes or overwrites.
+OTHER_SESSIONS = {"ab.json": "an A/B session", "bisect.json": "a bisect session"}
 # What a run writes into its output directory; --overwrite removes only these.
 RUN_OUTPUTS = ("results.json", "results.csv", "checks.csv", "report.html", "figures",
                "cells", "preflight")
@@ -123,6 +125,10 @@ class Runner:
         if out.exists() and not out.is_dir():
             raise SessionError(f"output directory {out} is a file; give a directory to --out")
         self._check_cache()
+        for name, what in OTHER_SESSIONS.items():  # neither resumed nor overwritten, nor locked
+            if (out / name).exists():
+                raise SessionError(f"output directory {out} holds {what} ({name}), not a run; "
+                                   "choose another --out")
         if self.launch.nodes.nnodes > 1:
             # The nodes of one multi-node run share the directory on purpose
             # (one of them writes each cell's result): no lock, no emptiness.

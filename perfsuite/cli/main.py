@@ -184,6 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"perfsuite {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    finally:  # the zygotes the command's launches forked from end with it (in-process callers too)
+        agent = sys.modules.get("perfsuite.launch.agent")
+        if agent is not None:
+            agent.close_zygotes()
 
 
 if __name__ == "__main__":

@@ -159,6 +159,12 @@ def resolve_url(url: str | os.PathLike | None) -> str:
     text = str(url)
     if "://" not in text:  # a path is a path: built as an URL, never read as one (%2F, ?, #)
         path = str(Path(text).expanduser().resolve())
+        try:
+            path.encode("utf-8")
+        except UnicodeEncodeError:  # an SQLite URL, and SQLite's own file name, are UTF-8
+            raise HistoryError(f"history store {os.fsencode(path).decode('utf-8', 'backslashreplace')}: "
+                               "its path is not valid UTF-8, which an SQLite store's name must be; "
+                               "choose a store path in UTF-8 (--history or $PERFSUITE_HISTORY)") from None
         return sa.URL.create("sqlite", database=path).render_as_string(hide_password=False)
     if text.startswith(("postgresql://", "postgres://", "postgresql+psycopg://")):
         from perfsuite import extras

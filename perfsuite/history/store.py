@@ -69,6 +69,12 @@ from perfsuite.history.schema import (
 DEFAULT_METRIC = "step_time"
 
 
+def _text(path: Path) -> str:
+    """A path as text a database can hold: a name that is not UTF-8 (byte 0xfe
+    in a folder's name) is kept with that byte written as ``\\xfe``."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
 class History:
     """A history store at ``url`` (see ``resolve_url``); its layout is
     created or migrated when it is opened. ``create=False`` refuses an SQLite
@@ -132,7 +138,7 @@ class History:
                    "started": finite_number((data.get("run") or {}).get("started")),
                    "finished": finite_number((data.get("run") or {}).get("finished")),
                    "added": time.time(), "profile": profile, "fingerprint": json_safe(env),
-                   "software": software_versions(env), "source": str(Path(results_path).resolve()),
+                   "software": software_versions(env), "source": _text(Path(results_path).resolve()),
                    "purpose": purpose.name, "options": json_safe(options)}
         cell_rows, metric_rows = rows_of_cells(data["cells"])
         added = Added(run_key=key, commit=commit, branch=branch, profile=profile,

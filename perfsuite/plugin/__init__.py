@@ -109,7 +109,7 @@ def _session_runner(config: pytest.Config) -> Runner:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "perf(workload): a measured experiment cell")
+    config.addinivalue_line("markers", "perf(workload=NAME): a measured experiment cell")
     config.addinivalue_line("markers", usercells.MARKER_HELP)
     try:
         if config.getini("perf_experiments"):  # this session's, until its end
@@ -173,6 +173,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     import signal
+    import sys
 
     previous = config.stash.get(PREVIOUS_SIGTERM, None)
     if previous is not None:
@@ -180,6 +181,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     session = config.stash.get(SESSION_KEY, None)
     if session is not None:
         session.end()
+    # The zygotes the session's launches forked from end with it (an in-process
+    # pytest.main() would keep them, torch imported, until the process ends).
+    agent = sys.modules.get("perfsuite.launch.agent")
+    if agent is not None:
+        agent.close_zygotes()
 
 
 def selected_cells(config: pytest.Config, workload: str | None) -> list[cells_mod.Cell]:
@@ -198,6 +204,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "perf_cell" not in metafunc.fixturenames:
         return
     marker = metafunc.definition.get_closest_marker("perf")
+    if marker is not None:
+        usercells.check_perf_marker(marker, metafunc.definition.nodeid)
     workload = marker.kwargs.get("workload") if marker else None
     chosen = selected_cells(metafunc.config, workload)
     metafunc.parametrize("perf_cell", chosen, ids=[c.id for c in chosen])

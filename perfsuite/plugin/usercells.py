@@ -54,6 +54,18 @@ def param_id(cell: cells_mod.Cell) -> str:
     return f"{'g' if cell.device == 'cuda' else 'c'}{cell.world_size}"
 
 
+RANKS_KEYWORDS = ("ranks", "timeout", "device")
+
+
+def check_perf_marker(marker: pytest.Mark, nodeid: str) -> None:
+    """``@pytest.mark.perf(workload=NAME)`` and nothing else: a typo
+    (``workloads=``) or a positional name would quietly select every cell."""
+    if marker.args or set(marker.kwargs) - {"workload"}:
+        given = [*map(repr, marker.args), *(f"{k}={v!r}" for k, v in marker.kwargs.items())]
+        pytest.fail(f"{nodeid}: @pytest.mark.perf({', '.join(given)}): it takes one keyword, "
+                    "workload=NAME (e.g. @pytest.mark.perf(workload=\"image\"))", pytrace=False)
+
+
 def _ranks(marker: pytest.Mark) -> list[int]:
     given = marker.args[0] if marker.args else marker.kwargs.get("ranks", 1)
     ranks = list(given) if isinstance(given, (list, tuple, range)) else [given]
@@ -97,6 +109,11 @@ def parametrize(metafunc: pytest.Metafunc) -> None:
     if marker is None:
         pytest.fail(f"{metafunc.definition.nodeid}: {' and '.join(FIXTURES)} run in the ranks of a "
                     f"measured test: mark it @pytest.mark.{MARKER}(N)", pytrace=False)
+    unknown = sorted(set(marker.kwargs) - set(RANKS_KEYWORDS))
+    if unknown or len(marker.args) > 1:  # a typo (devices=) would quietly mean the default
+        pytest.fail(f"{metafunc.definition.nodeid}: @pytest.mark.{MARKER}: "
+                    f"{'unknown keyword ' + repr(unknown[0]) if unknown else 'one number or list of ranks'}; "
+                    f"it takes ranks (first argument), {', '.join(RANKS_KEYWORDS[1:])}", pytrace=False)
     extra = _timeout(marker)
     try:
         chosen = [cells_mod.cell_of_test(metafunc.definition.nodeid, n, device, **extra)

@@ -178,6 +178,12 @@ def check_measured(measured: dict, workload: str, taken: set[str]) -> None:
         samples = entry.get("samples", [])
         if not isinstance(samples, list) or not all(_number(s) for s in samples):
             raise bad(f"metrics.{name}.samples", "is not a list of finite numbers")
+    from perfsuite.results import metrics_problem
+
+    refused = metrics_problem(dict(metrics))  # what results.json would then refuse
+    if refused:
+        where, _, why = refused.partition(": ")
+        raise bad(where.replace("/", "."), why)
     steps = measured.get("steps", 0)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
         raise bad("steps", f"is {steps!r}, not a count of steps")

@@ -373,23 +373,6 @@ def test_leaves_helpers(perf_dist, perf_steps):
 '''
 
 
-ZYGOTE = ("the launch's zygote (perfsuite/launch/zygote.py: torch imported, ~660 MiB) outlives an in-process "
-          "session (pytest.main, pytester, perfsuite.cli.main.main): nothing closes it when the session ends, "
-          "and each working directory gets another")
-ZERO_STEPS = ("a workload's record with a step time of 0 passes the rank's check (finite numbers) but not the "
-              "results schema (times above 0): the run ends in a ValueError traceback writing the report, and "
-              "its results.json is refused by report, compare, history add and baseline record")
-MARKER_KEYWORDS = ("a keyword the marker does not take (perf_ranks(devices=...), perf(workloads=...)) or perf's "
-                   "workload given by position is ignored without a word: the test runs on CPU, or over every "
-                   "cell of the tier, instead of a collection error naming it")
-NOT_UTF8_STORE = ("a history store path that is not UTF-8 (a byte such as 0xfe in a file name) ends "
-                  "`perfsuite history add` and `perfsuite run --history` in a UnicodeEncodeError traceback "
-                  "(urllib quote, building the SQLite URL), exit 1")
-NOT_UTF8_OUT = ("a run whose --out path is not UTF-8 is measured, exits 0, and is not kept in the history "
-                "(history: not stored: UnicodeEncodeError)")
-RUN_INTO_AB = ("`perfsuite run` into a folder holding an A/B session (ab.json) is told to use --resume or "
-               "--overwrite; --overwrite then deletes the session's launches/, --resume mixes a run into it "
-               "(ab refuses a run's folder outright)")
 ZERO_CELL = "smoke/probezero:run/c1/fp32"
 ZERO_WORKLOAD = '''
 def run(cell, ctx):  # a clock too coarse for the step: every step took "0 s"
@@ -491,13 +474,11 @@ CASES = [
     Case("user-test-leaves-sleep-and-sigterm-deaf-helpers", "pytest", code=0, launches=True,
          argv=("--perf-out", "{t}/out", "--perf-no-probe", "--perf-history", "off"),
          says=("user/test_user.py::test_leaves_helpers/c1",), files={"test_user.py": USER_TEST},
-         writes=("out", "helpers-user.txt", BENCHMARKS), check=user_cell_kept,
-         known={"children": ZYGOTE}),
+         writes=("out", "helpers-user.txt", BENCHMARKS), check=user_cell_kept),
     Case("own-workload-zero-step-time", "cli", ("run", ZERO_CELL, "--out", "{t}/out", "--rank-start", "exec",
                                                 *NO_LAUNCH), 1,
          (ZERO_CELL, "step_time"), zero_workload, writes=("out", "cwd/__pycache__"), env=EXP_ENV, launches=True,
-         check=zero_cell_kept,
-         known={"traceback": ZERO_STEPS, "kept": ZERO_STEPS}),
+         check=zero_cell_kept),
 
     # -- 2. experiment files of the wrong structure ($PERFSUITE_EXPERIMENTS; pytest's perf_experiments)
     exp_case("exp-table-not-array", '[experiment]\nname = "mine"\ntier = "smoke"\nworkload = "m.t:run"\n',
@@ -594,21 +575,17 @@ CASES = [
          check=interrupted_run_kept),
 
     Case("history-store-path-not-utf8", "cli", ("history", "add", "{t}/run", "--commit", "a" * 40,
-                                                "--history", "{t}/h-\udcfe.sqlite"), 0,
-         ("stored run",), run_folder(), writes=("h-\udcfe.sqlite",), check=stored_exactly_at("h-\udcfe.sqlite"),
-         known={"traceback": NOT_UTF8_STORE, "code": NOT_UTF8_STORE, "says": NOT_UTF8_STORE, "kept": NOT_UTF8_STORE}),
+                                                "--history", "{t}/h-\udcfe.sqlite"), 2,
+         ("h-\\xfe.sqlite", "not valid UTF-8"), run_folder()),  # refused: an SQLite store's name is UTF-8
     Case("run-out-not-utf8-kept-in-history", "cli", ("run", GPU_CELL, "--allow-no-gpu", "--no-probe",
                                                      "--out", "{t}/out-\udcfe", "--history", "{t}/h.sqlite"), 0,
-         ("history: stored run",), writes=("out-\udcfe", "h.sqlite"), check=stored_exactly_at("h.sqlite", show=None),
-         known={"says": NOT_UTF8_OUT, "kept": NOT_UTF8_OUT}),
+         ("history: stored run",), writes=("out-\udcfe", "h.sqlite"), check=stored_exactly_at("h.sqlite", show=None)),
     Case("run-overwrite-into-an-ab-folder", "cli", ("run", GPU_CELL, "--allow-no-gpu", "--out", "{t}/out",
                                                     "--overwrite", *NO_LAUNCH), 2,
-         ("{t}/out", "ab.json"), ab_folder, check=ab_folder_intact,
-         known={"code": RUN_INTO_AB, "says": RUN_INTO_AB, "kept": RUN_INTO_AB, "files": RUN_INTO_AB}),
+         ("{t}/out", "ab.json"), ab_folder, check=ab_folder_intact),
     Case("run-resume-into-an-ab-folder", "cli", ("run", GPU_CELL, "--allow-no-gpu", "--out", "{t}/out",
                                                  "--resume", *NO_LAUNCH), 2,
-         ("{t}/out", "ab.json"), ab_folder, check=ab_folder_intact,
-         known={"code": RUN_INTO_AB, "says": RUN_INTO_AB, "files": RUN_INTO_AB}),
+         ("{t}/out", "ab.json"), ab_folder, check=ab_folder_intact),
 
     # -- 6. results.json and baselines nothing can judge
     Case("compare-a-zero-step-time", "cli", ("compare", "{t}/a", "{t}/b"), 2,
@@ -690,16 +667,13 @@ CASES = [
          check=nothing_under("out")),
     Case("perf-ranks-misspelt-device-keyword", "pytest", ("--collect-only", "-q"), 2, ("devices",),
          files={"test_mine.py": 'import pytest\n\n@pytest.mark.perf_ranks(2, devices="cuda")\n'
-                                'def test_step(perf_dist, perf_steps):\n    pass\n'},
-         known={"code": MARKER_KEYWORDS, "says": MARKER_KEYWORDS}),
+                                'def test_step(perf_dist, perf_steps):\n    pass\n'}),
     Case("perf-marker-misspelt-workload-keyword", "pytest", ("--collect-only", "-q"), 2, ("workloads",),
          files={"test_typo.py": 'import pytest\n\n@pytest.mark.perf(workloads="image")\n'
-                                'def test_cell(perf_cell, perf_result):\n    pass\n'},
-         known={"code": MARKER_KEYWORDS, "says": MARKER_KEYWORDS}),
+                                'def test_cell(perf_cell, perf_result):\n    pass\n'}),
     Case("perf-marker-workload-positional", "pytest", ("--collect-only", "-q"), 2, ("workload=",),
          files={"test_typo.py": 'import pytest\n\n@pytest.mark.perf("image")\n'
-                                'def test_cell(perf_cell, perf_result):\n    pass\n'},
-         known={"code": MARKER_KEYWORDS, "says": MARKER_KEYWORDS}),
+                                'def test_cell(perf_cell, perf_result):\n    pass\n'}),
     Case("perf-marker-workload-imgae", "pytest", ("--perf-out", "{t}/out"), 2,
          ("workload='imgae'", "no cell has that workload", "known: image"),
          files={"test_typo.py": 'import pytest\n\n@pytest.mark.perf(workload="imgae")\n'
