@@ -30,7 +30,7 @@ from perfsuite.launch import agent, diagnose, multinode, starting, torchrun_opti
 from perfsuite.results import aggregate, skipped_result
 from perfsuite.system.atomic import atomic_write_json
 
-OUTPUT_TAIL_CHARS = 4000
+OUTPUT_TAIL_CHARS = 8000  # a forked launch's agent adds ~2 kB of its own report after the ranks' lines
 PROGRESS_EVERY_S = 30.0
 STACK_DUMP_GRACE_S = 2.0
 TERMINATE_GRACE_S = 10.0

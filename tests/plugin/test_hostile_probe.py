@@ -518,7 +518,7 @@ CASES = [
          ("mine.toml", "unknown key(s) ['fixd']"),
          files={"pyproject.toml": '[tool.pytest.ini_options]\nperf_experiments = ["mine.toml"]\n',
                 "mine.toml": EXPERIMENT + 'fixd = {device = "cpu"}\n',
-                "test_cells.py": 'import pytest\n\n@pytest.mark.perf(workload="image")\n'
+                "test_probed_cells.py": 'import pytest\n\n@pytest.mark.perf(workload="image")\n'
                                  'def test_cell(perf_cell, perf_result):\n    pass\n'},
          check=nothing_under("out")),
 
@@ -628,7 +628,7 @@ CASES = [
          ("--perf-cell", SMOKE_CELL, "--perf-baselines", "{t}/bl", "--perf-out", "{t}/out", "--perf-no-probe",
           "--perf-history", "off"), 4,
          ("samples.json", f"{RUN_CELL}:step_time", "sample 1"), baselines_with(nan_sample), writes=("out",),
-         files={"test_cells.py": 'import pytest\n\n@pytest.mark.perf(workload="image")\n'
+         files={"test_probed_cells.py": 'import pytest\n\n@pytest.mark.perf(workload="image")\n'
                                  'def test_cell(perf_cell, perf_result):\n    pass\n'},
          check=nothing_under("out/results.json")),
 
@@ -647,14 +647,14 @@ CASES = [
     Case("pytest-selects-no-cell-fail-on-skipped", "pytest",
          ("-k", "nothing_matches", "--perf-fail-on-skipped", "--perf-out", "{t}/out", "--perf-history", "off"), 1,
          ("no cell was measured (--perf-fail-on-skipped)",),
-         files={"test_cells.py": 'import pytest\n\n@pytest.mark.perf(workload="image")\n'
+         files={"test_probed_cells.py": 'import pytest\n\n@pytest.mark.perf(workload="image")\n'
                                  'def test_cell(perf_cell, perf_result):\n    pass\n'}),
     Case("run-unknown-cell-id", "cli", ("run", SMOKE_CELL.replace("ddp-ds", "ddp-sd"), "--out", "{t}/out",
                                         *NO_LAUNCH), 2,
          ("unknown cell id", SMOKE_CELL.replace("ddp-ds", "ddp-sd")), check=nothing_under("out")),
     Case("pytest-unknown-cell-id", "pytest", ("--perf-cell", "smoke/image/warp-drive/c9", "--perf-out", "{t}/out"), 4,
          ("smoke/image/warp-drive/c9", "perfsuite list"),
-         files={"test_cells.py": 'import pytest\n\n@pytest.mark.perf(workload="image")\n'
+         files={"test_probed_cells.py": 'import pytest\n\n@pytest.mark.perf(workload="image")\n'
                                  'def test_cell(perf_cell, perf_result):\n    pass\n'},
          check=nothing_under("out")),
     Case("run-option-without-value", "cli", ("run", SMOKE_CELL, "--option", "max_steps", "--out", "{t}/out",
