@@ -43,9 +43,11 @@ def _say_left_out(left_out: dict[str, int]) -> None:
 
 
 def _cmd_add(args: argparse.Namespace) -> int:
+    from perfsuite.history.rows import read_finished
     from perfsuite.history.store import History, HistoryError
 
     try:
+        read_finished(args.run)  # a run the store would refuse makes no store either
         with History(args.history) as history:
             added = history.add_run(args.run, commit=args.commit, branch=args.branch,
                                     purpose=args.history_purpose)
