@@ -33,9 +33,9 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 from pathlib import Path
 
+from perfsuite.launch.zygote import exit_after, run_torchrun
 from perfsuite.system.lifetime import die_with_parent, libc_prctl
 
 TORCHRUN = ["-m", "torch.distributed.run"]
@@ -65,8 +65,7 @@ class ForkedAgent:
             self._child(run.main, log_fd, env, launcher, prctl)
 
     def _child(self, main, log_fd: int, env: dict[str, str], launcher: int, prctl) -> None:
-        code = 1
-        try:
+        def body() -> None:
             os.setsid()  # its own session: a timeout or Ctrl-C ends the whole tree
             die_with_parent(launcher, prctl)  # and so does the launcher's SIGKILL
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGPIPE):
@@ -82,17 +81,9 @@ class ForkedAgent:
                 logging.getLogger().removeHandler(handler)
             os.environ.clear()
             os.environ.update(env)
-            sys.argv = ["torchrun", *self.args]
-            main(self.args)
-            code = 0
-        except SystemExit as done:
-            code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
-        except BaseException:  # noqa: BLE001 - the log must say why the agent failed
-            traceback.print_exc()
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
+            run_torchrun(main, self.args)
+
+        exit_after(body)
 
     def poll(self) -> int | None:
         if self.returncode is None:

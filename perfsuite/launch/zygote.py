@@ -207,8 +207,7 @@ class Server:
     def agent(self, message: dict, log_fd: int) -> None:
         """The forked agent: torchrun's main on the launch's arguments, in a
         session of its own, dying with this process."""
-        code = 1
-        try:
+        def body() -> None:
             os.setsid()  # a timeout or Ctrl-C ends the launch's whole tree
             prctl = _prctl()
             if prctl is not None:
@@ -230,20 +229,36 @@ class Server:
             os.environ.clear()
             os.environ.update({**imported, **message["env"]})
             set_title(message["title"])
-            args = message["args"]
-            sys.argv = ["torchrun", *args]
             from torch.distributed.run import main
 
-            main(args)
-            code = 0
-        except SystemExit as done:
-            code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
-        except BaseException:  # noqa: BLE001 - the log must say why the agent failed
-            traceback.print_exc()
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
+            run_torchrun(main, message["args"])
+
+        exit_after(body)
+
+
+def run_torchrun(main, args: list[str]) -> None:
+    """torchrun's ``main`` on ``args``, as its command line would run it."""
+    sys.argv = ["torchrun", *args]
+    main(args)
+
+
+def exit_after(body) -> None:
+    """Run ``body`` (a forked agent's set-up and torchrun's main), then end
+    this process with its exit code, never returning: torchrun's SystemExit
+    code, 0 when it returned, 1 when it raised (its traceback in the log).
+    Also the agent forked from a launcher's (perfsuite.launch.agent.ForkedAgent)."""
+    code = 1
+    try:
+        body()
+        code = 0
+    except SystemExit as done:
+        code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+    except BaseException:  # noqa: BLE001 - the log must say why the agent failed
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def main(argv: list[str]) -> None:
