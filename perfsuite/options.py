@@ -131,3 +131,16 @@ def add_launch_options(add: Callable[..., Any], prefix: str = "--") -> dict[str,
 # smoke step takes ~50 ms: a quad of 5-step windows ~1.2 s, a launch pair ~30 s.
 AB_MODES = ("auto", "resident", "launches")  # auto: resident where the cell allows it
 DEFAULT_WINDOW_STEPS, DEFAULT_QUADS, DEFAULT_MAX_PAIRS = 5, 16, 4
+
+
+def add_resident_options(add: Callable[..., Any], note: str = "") -> None:
+    """perfsuite ab's --mode, --window-steps, --quads, --max-pairs, through
+    ``add``; ``note`` starts each help (``selftest``: "with --ab: ")."""
+    add("--mode", choices=AB_MODES, default=AB_MODES[0],
+        help=f"{note}auto: both sides' launches kept up and short windows alternated ABBA where the cell "
+             "allows it (image cells on one node), else launch rounds")
+    add("--window-steps", type=int, default=DEFAULT_WINDOW_STEPS, metavar="N", help=f"{note}steps in one window")
+    add("--quads", type=int, default=DEFAULT_QUADS, metavar="N",
+        help=f"{note}ABBA quads of windows in one launch pair")
+    add("--max-pairs", type=int, default=DEFAULT_MAX_PAIRS, metavar="N",
+        help=f"{note}launch pairs before a cell is left unknown (at least 2: a verdict weighs 2)")

@@ -75,15 +75,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, metavar="DIR", help="output directory (default: .perfsuite/ab-<time>-<pid>)")
     _add_judging_options(p, "a cell is left unknown")
     resident = p.add_argument_group("resident windows (see docs/explanation/verdicts.md)")
-    resident.add_argument("--mode", choices=options.AB_MODES, default=options.AB_MODES[0],
-                          help="auto: both sides' launches kept up and short windows alternated ABBA "
-                               "where the cell allows it (image cells on one node), else launch rounds")
-    resident.add_argument("--window-steps", type=int, default=options.DEFAULT_WINDOW_STEPS, metavar="N",
-                          help="steps in one window")
-    resident.add_argument("--quads", type=int, default=options.DEFAULT_QUADS, metavar="N",
-                          help="ABBA quads of windows in one launch pair")
-    resident.add_argument("--max-pairs", type=int, default=options.DEFAULT_MAX_PAIRS, metavar="N",
-                          help="launch pairs before a cell is left unknown (at least 2: a verdict weighs 2)")
+    options.add_resident_options(resident.add_argument)
     add_launch_group(p)
     p.add_argument("--json", action="store_true",
                    help="print a JSON summary on stdout at the end (each cell's verdict, interval, launches "

@@ -52,16 +52,9 @@ def _verdict_detection_options(p: argparse.ArgumentParser) -> None:
                    help="with --ab: launches a side before an A/B session in launch rounds says unknown")
     p.add_argument("--tolerance", type=float, default=0.02, metavar="FRACTION",
                    help="with --ab: the sessions' tolerance (default 0.02: well below the 5 %% change called)")
-    p.add_argument("--mode", choices=options.AB_MODES, default=options.AB_MODES[0],
-                   help="with --ab: resident windows where the cell allows, or launch rounds (as perfsuite ab)")
     p.add_argument("--slowdowns", metavar="F[,F...]",
                    help="with --ab: side B slowed by these fractions besides unchanged (default: 0.10,0.05)")
-    p.add_argument("--window-steps", type=int, default=options.DEFAULT_WINDOW_STEPS, metavar="N",
-                   help="with --ab: steps in one resident window (as perfsuite ab)")
-    p.add_argument("--quads", type=int, default=options.DEFAULT_QUADS, metavar="N",
-                   help="with --ab: ABBA quads of windows in one launch pair (as perfsuite ab)")
-    p.add_argument("--max-pairs", type=int, default=options.DEFAULT_MAX_PAIRS, metavar="N",
-                   help="with --ab: launch pairs before a session is left unknown (as perfsuite ab)")
+    options.add_resident_options(p.add_argument, note="with --ab, as perfsuite ab: ")
     p.add_argument("--counters", action="store_true",
                    help="the work counters instead: single launches with one extra all-reduce or "
                         "one extra copy of every parameter per step against an unchanged baseline, "
