@@ -50,11 +50,18 @@ def isolated_home(config: pytest.Config) -> Path:
     return home
 
 
+# pytest-xdist tells its workers who they are through these; a pytest a test
+# starts (pytester, a launch's ranks) would take itself for a worker too
+# (pytest-benchmark then prints no table), so tests run without them.
+XDIST_VARIABLES = ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID")
+
+
 def isolated_env(home: Path) -> dict[str, str | None]:
     """The variables a test runs with (None: unset)."""
     return {"PERFSUITE_HISTORY": str(home / STORE), "PERFSUITE_CACHE_DIR": str(home / "cache"),
             "PERFSUITE_CACHE": None, "PERFSUITE_NSYS_SEARCH_ROOT": str(home / "nsys-root"),
-            "PERFSUITE_NSYS_BIN": None, "PERFSUITE_BASELINES": None, "PERFSUITE_EXPERIMENTS": None}
+            "PERFSUITE_NSYS_BIN": None, "PERFSUITE_BASELINES": None, "PERFSUITE_EXPERIMENTS": None,
+            **dict.fromkeys(XDIST_VARIABLES)}
 
 
 def guarded_folders(config: pytest.Config) -> list[Path]:

@@ -202,6 +202,7 @@ def test_the_workflows_install_and_gate_collect_in_a_fresh_venv(tmp_path, linked
     env["PATH"] = f"{shim}{os.pathsep}{env['PATH']}"
     env.update({k: str(v) for k, v in workflow().get("env", {}).items() if "${{" not in str(v)})
     env.update(PERFSUITE_TORCH_INDEX="")  # ${{ vars.PERFSUITE_TORCH_INDEX }} unset
+    env.update(PERFSUITE_INSTALLER="pip")  # pip sees the links (a .pth folder); uv reads site-packages only
 
     installed = run_step(step("gate", "Install")["run"], env)
     assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]
@@ -228,7 +229,7 @@ def test_tox_gpu_installs_and_collects_the_gate_in_a_fresh_venv(tmp_path, linked
     tox = configparser.ConfigParser(interpolation=None)
     tox.read(ROOT / "tox.ini")
     extras = set(re.search(r"\.ci/install \{envdir\}\s*(\S*)", tox["testenv:gpu"]["commands_pre"]).group(1).split(","))
-    env = clean_env(tmp_path / "home")
+    env = clean_env(tmp_path / "home", PERFSUITE_INSTALLER="pip")  # as above: pip sees the links
     (tmp_path / "home").mkdir()
     work = tmp_path / "tox"
     base = [sys.executable, "-m", "tox", "-e", "gpu", "--workdir", str(work)]
@@ -266,25 +267,71 @@ def dry_run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.parametrize("installer", ["uv", "pip"])
 @pytest.mark.parametrize(("driver", "choice", "index"), [
     (None, "", None), ("580.65.06", "", None), ("575.51.03", "", "cu128"), ("565.57.01", "", "cu126"),
     ("575.51.03", "pypi", None), (None, "cpu", "cpu"), ("560.35.03", "cu130", "cu130")])
-def test_torch_comes_from_the_index_the_driver_needs(tmp_path, driver, choice, index):
+def test_torch_comes_from_the_index_the_driver_needs(tmp_path, driver, choice, index, installer):
     env = fake_driver(tmp_path, driver)
     env["PERFSUITE_TORCH_INDEX"] = choice
+    if installer == "pip":
+        env["PERFSUITE_INSTALLER"] = "pip"  # uv, unset
     done = dry_run(env, "venv", "llm")
     assert done.returncode == 0, done.stderr
     commands = [line[2:] for line in done.stdout.splitlines() if line.startswith("+ ")]
     venv = ROOT / "venv"
-    assert commands[0] == f"python3 -m venv {venv}"
+    installs = {"uv": f"{venv}/bin/python -m uv pip install --quiet --python {venv}/bin/python",
+                "pip": f"{venv}/bin/python -m pip install --quiet"}[installer]
+    assert commands[:2] == [f"python3 -m venv {venv}", f"{venv}/bin/python -m pip install --quiet --upgrade pip"]
+    assert (f"{venv}/bin/python -m pip install --quiet uv" in commands) == (installer == "uv")
     torch = [c for c in commands if "--index-url" in c]
     if index is None:
         assert not torch
     else:  # torch first, with the constraints, from that index
-        assert torch == [f"{venv}/bin/python -m pip install --quiet -c constraints.txt "
+        assert torch == [f"{installs} -c constraints.txt "
                          f"--index-url https://download.pytorch.org/whl/{index} torch torchvision"]
         assert commands.index(torch[0]) < len(commands) - 1
-    assert commands[-1] == f"{venv}/bin/python -m pip install --quiet -c constraints.txt -e .[llm]"
+    assert commands[-1] == f"{installs} -c constraints.txt -e .[llm]"
+
+
+def test_an_unknown_installer_is_named_before_anything_is_installed(tmp_path):
+    env = fake_driver(tmp_path, None)
+    env["PERFSUITE_INSTALLER"] = "conda"
+    done = dry_run(env, "venv")
+    assert done.returncode == 2 and "PERFSUITE_INSTALLER=conda: expected uv or pip" in done.stderr
+    assert "+ " not in done.stdout
+
+
+def test_where_uv_cannot_be_had_pip_installs_the_same(tmp_path):
+    """A registry that only pip is configured for: uv is not there, or its
+    install fails; pip then installs the same, and the run says so."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    log = tmp_path / "calls"
+    # a venv python that records its calls and fails those of uv
+    (venv / "bin" / "python").write_text(f"""#!/bin/sh
+echo "$*" >> {log}
+case "$*" in *uv*) exit 1 ;; *" -c import"*) echo 2.14.0 ;; esac
+""")
+    (venv / "bin" / "python").chmod(0o755)
+    env = fake_driver(tmp_path, None)
+    done = subprocess.run(["bash", str(INSTALL), str(venv), "llm"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "uv could not be installed" in done.stderr and "installer: pip" in done.stdout
+    calls = log.read_text().splitlines()
+    assert calls[-2:] == ["-m pip install --quiet -c constraints.txt -e .[llm]",
+                          "-c import importlib.metadata as m; print(m.version(\"torch\"))"]
+    (venv / "bin" / "python").write_text((venv / "bin" / "python").read_text().replace(
+        '*uv*) exit 1', '*"uv pip install"*) exit 1'))  # uv installs, its pip install fails
+    log.unlink()
+    done = subprocess.run(["bash", str(INSTALL), str(venv), "llm"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "uv pip install failed" in done.stderr
+    calls = log.read_text().splitlines()
+    assert calls[-3:-1] == [f"-m uv pip install --quiet --python {venv}/bin/python -c constraints.txt -e .[llm]",
+                            "-m pip install --quiet -c constraints.txt -e .[llm]"]
 
 
 def test_a_driver_too_old_for_any_torch_build_stops_the_install(tmp_path):
