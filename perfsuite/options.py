@@ -15,6 +15,7 @@ Standard library only: every command and pytest's option parsing import it.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -89,6 +90,19 @@ def add_old_name(parser: Any, old: str, new: argparse.Action) -> None:
 RANK_STARTS = ("fork", "exec")  # perfsuite.launch.starting
 
 
+def seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds above 0 (``inf`` would
+    leave a hung cell running for ever, ``0`` or less end every launch at once)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds above 0 (a cell's own "
+                                         f"timeout is used where the option is left out)")
+    return value
+
+
 def add_launch_options(add: Callable[..., Any], prefix: str = "--") -> dict[str, Any]:
     """The options that launch cells, through ``add`` (an argparse group's
     ``add_argument``, or pytest's ``addoption`` with ``prefix`` ``--perf-``);
@@ -102,7 +116,7 @@ def add_launch_options(add: Callable[..., Any], prefix: str = "--") -> dict[str,
                 "generated and bundled data)")
     option("option", action="append", default=[], metavar="KEY=VALUE",
            help="workload option, repeatable, e.g. llm_checkpoint_dir=/models/llama3-8b (default: none)")
-    option("timeout", type=float, default=None, metavar="S",
+    option("timeout", type=seconds, default=None, metavar="S",
            help="override every cell's own timeout, in seconds (default: each cell's own)")
     option("profiler", default=None, choices=PROFILERS,
            help="profile every cell with Nsight Systems (torch.profiler where nsys or a GPU is missing), "

@@ -3,12 +3,16 @@
 import json
 import random
 
+import pytest
+
 from perfsuite import cells
 from perfsuite.cli.main import main
 from perfsuite.results import SCHEMA
 
 ENV = {"cpu_model": "Test CPU", "cpu_cores": 2, "gpu_count": 0, "torch": "2.14.0"}
 CELL = cells.get("smoke/image/ddp/c2/fp32/px32/nopin/nchw")
+
+pytest_plugins = ["pytester"]
 
 
 def write_run(path, factor, seed=0, launches=1):
@@ -512,3 +516,20 @@ def test_ab_with_a_missing_ref_names_it_and_a_retry_into_the_same_out_works(tmp_
     (out / "sides" / "a" / sides.SIDE_DONE).unlink()
     assert main([*argv, "--b-ref", "HEAD"]) == 0, capsys.readouterr().err
     assert len(git("worktree", "list").splitlines()) == 3  # the repository and the two sides, once each
+
+
+@pytest.mark.parametrize("given", ["inf", "nan", "0", "-5", "soon"])
+def test_a_timeout_that_is_no_number_of_seconds_above_0_is_refused_before_a_launch(tmp_path, capsys, given):
+    cell = "smoke/image/ddp-ds/c1/fp32/px32/nopin/nchw"
+    with pytest.raises(SystemExit) as done:
+        main(["run", "--cell", cell, "--timeout", given, "--out", str(tmp_path / "out")])
+    assert done.value.code == 2
+    assert f"--timeout: '{given}'" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_plugins_timeout_takes_the_same_seconds(pytester):
+    pytester.makepyfile("def test_nothing():\n    pass\n")
+    run = pytester.runpytest("--perf-timeout", "inf")
+    assert run.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--perf-timeout: 'inf': give a number of seconds above 0" in run.stderr.str()
