@@ -98,8 +98,8 @@ def seconds(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
     if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds above 0 (a cell's own "
-                                         f"timeout is used where the option is left out)")
+        raise argparse.ArgumentTypeError(f"{text!r}: give a positive number of seconds, or leave it "
+                                         "out to use each cell's own timeout")
     return value
 
 

@@ -55,12 +55,14 @@ class FolderLock:
         self.folder, self.purpose, self.wait_s = Path(folder), purpose, wait_s
         self._lock = FileLock(str(self.folder / LOCK_NAME))
         self.took_over: dict[str, Any] | None = None  # the dead holder whose lock was taken
+        self._made = False  # whether acquire made the folder
 
     @property
     def holder_file(self) -> Path:
         return self.folder / HOLDER_NAME
 
     def acquire(self) -> FolderLock:
+        self._made = not self.folder.exists()
         self.folder.mkdir(parents=True, exist_ok=True)
         try:
             self._lock.acquire(timeout=self.wait_s)
@@ -87,7 +89,21 @@ class FolderLock:
     def release(self) -> None:
         if self._lock.is_locked:
             self.holder_file.unlink(missing_ok=True)
+            self._tidy()
             self._lock.release()
+
+    def _tidy(self) -> None:
+        """A session that wrote nothing (refused after it took the folder)
+        leaves nothing: the lock file goes, and the folder if the lock made
+        it. Done while still holding the lock; one that wrote keeps both."""
+        try:
+            if {e.name for e in os.scandir(self.folder)} != {LOCK_NAME}:
+                return
+            (self.folder / LOCK_NAME).unlink()
+            if self._made:
+                self.folder.rmdir()
+        except OSError:
+            pass  # a file that came meanwhile, a read-only folder: left as it is
 
     def __enter__(self) -> FolderLock:
         return self.acquire()

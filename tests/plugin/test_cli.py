@@ -1,6 +1,7 @@
 """perfsuite compare / baseline record / report / profile on stored runs."""
 
 import json
+import math
 import random
 
 import pytest
@@ -532,4 +533,12 @@ def test_the_plugins_timeout_takes_the_same_seconds(pytester):
     pytester.makepyfile("def test_nothing():\n    pass\n")
     run = pytester.runpytest("--perf-timeout", "inf")
     assert run.ret == pytest.ExitCode.USAGE_ERROR
-    assert "--perf-timeout: 'inf': give a number of seconds above 0" in run.stderr.str()
+    assert "--perf-timeout: 'inf': give a positive number of seconds" in run.stderr.str()
+
+
+@pytest.mark.parametrize("given", [math.inf, math.nan, 0.0, -1.0])
+def test_the_launch_options_of_an_api_caller_refuse_the_same_timeouts(given):
+    from perfsuite.runner import launch_options
+
+    with pytest.raises(ValueError, match="give a positive number of seconds"):
+        launch_options(timeout=given)

@@ -280,7 +280,7 @@ def test_torch_comes_from_the_index_the_driver_needs(tmp_path, driver, choice, i
     assert done.returncode == 0, done.stderr
     commands = [line[2:] for line in done.stdout.splitlines() if line.startswith("+ ")]
     venv = ROOT / "venv"
-    installs = {"uv": f"{venv}/bin/python -m uv pip install --quiet --python {venv}/bin/python",
+    installs = {"uv": f"{venv}/bin/python -m uv pip install --quiet --compile-bytecode --python {venv}/bin/python",
                 "pip": f"{venv}/bin/python -m pip install --quiet"}[installer]
     assert commands[:2] == [f"python3 -m venv {venv}", f"{venv}/bin/python -m pip install --quiet --upgrade pip"]
     assert (f"{venv}/bin/python -m pip install --quiet uv" in commands) == (installer == "uv")
@@ -330,7 +330,8 @@ case "$*" in *uv*) exit 1 ;; *" -c import"*) echo 2.14.0 ;; esac
     assert done.returncode == 0, done.stderr
     assert "uv pip install failed" in done.stderr
     calls = log.read_text().splitlines()
-    assert calls[-3:-1] == [f"-m uv pip install --quiet --python {venv}/bin/python -c constraints.txt -e .[llm]",
+    assert calls[-3:-1] == [f"-m uv pip install --quiet --compile-bytecode --python {venv}/bin/python "
+                            "-c constraints.txt -e .[llm]",
                             "-m pip install --quiet -c constraints.txt -e .[llm]"]
 
 

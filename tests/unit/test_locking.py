@@ -96,3 +96,20 @@ def test_a_record_into_an_unwritable_place_is_a_sentence(tmp_path):
 def test_a_dry_run_takes_no_lock_and_writes_nothing(tmp_path):
     recording.record_run(one_cell_run("smoke/a"), root=tmp_path / "b", write=False)
     assert not Path(tmp_path / "b").exists()
+
+
+def test_a_session_that_wrote_nothing_leaves_nothing(tmp_path):
+    """A command refused after it took its folder (an ab whose ref is missing)
+    leaves no lock file behind, nor the folder it made; one that wrote keeps both."""
+    made = tmp_path / "new" / "out"
+    with FolderLock(made, "test"):
+        assert made.is_dir()
+    assert not made.exists() and (tmp_path / "new").is_dir()  # only what the lock made
+    given = tmp_path / "given"
+    given.mkdir()
+    with FolderLock(given, "test"):
+        pass
+    assert given.is_dir() and not any(given.iterdir())
+    with FolderLock(given, "test"):
+        (given / "results.json").write_text("{}")
+    assert sorted(p.name for p in given.iterdir()) == [".perfsuite.lock", "results.json"]
