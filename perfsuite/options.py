@@ -90,16 +90,25 @@ def add_old_name(parser: Any, old: str, new: argparse.Action) -> None:
 RANK_STARTS = ("fork", "exec")  # perfsuite.launch.starting
 
 
+def timeout_problem(value: float) -> str | None:
+    """Why ``value`` is no timeout, or None: it must be a finite number of
+    seconds above 0 (``inf`` would keep a hung cell for ever, ``0`` or less
+    end every launch at once). The CLI, the plugin, launch_options and
+    perf_ranks(timeout=) all ask here."""
+    if math.isfinite(value) and value > 0:
+        return None
+    return "give a positive number of seconds, or leave it out to use each cell's own timeout"
+
+
 def seconds(text: str) -> float:
-    """An argparse type: a finite number of seconds above 0 (``inf`` would
-    leave a hung cell running for ever, ``0`` or less end every launch at once)."""
+    """An argparse type: a timeout (``timeout_problem``)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a positive number of seconds, or leave it "
-                                         "out to use each cell's own timeout")
+    problem = timeout_problem(value)
+    if problem:
+        raise argparse.ArgumentTypeError(f"{text!r}: {problem}")
     return value
 
 

@@ -5,13 +5,13 @@ Shared by the pytest plugin and ``perfsuite run`` so both take one path.
 
 from __future__ import annotations
 
-import math
 import os
 import signal
 import time
 from pathlib import Path
 from typing import Any
 
+from perfsuite import options as options_mod
 from perfsuite.cells import Cell
 from perfsuite.launch.launch import LaunchOptions
 
@@ -398,10 +398,9 @@ def launch_options(*, data_dir: str | Path | None = None, options: list[str] = (
     if data_dir is not None and not Path(data_dir).is_dir():
         raise ValueError(f"data directory {data_dir}: not a directory; give the folder holding "
                          "the datasets (MNIST IDX files, ...)")
-    # 0 would mean no time at all, not "no limit"; inf a hung cell kept for ever
-    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
-        raise ValueError(f"timeout {timeout:g}: give a positive number of seconds, or leave it "
-                         "out to use each cell's own timeout")
+    problem = None if timeout is None else options_mod.timeout_problem(timeout)
+    if problem:
+        raise ValueError(f"timeout {timeout:g}: {problem}")
     gpu_list = None
     if gpus:
         try:

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from perfsuite import cells as cells_mod
-from perfsuite import specs
+from perfsuite import options, specs
 
 MARKER = "perf_ranks"
 MARKER_HELP = ("perf_ranks(ranks, *, device=None, timeout=None): run this test itself as a "
@@ -80,7 +80,7 @@ def _timeout(marker: pytest.Mark) -> dict[str, int]:
     if given is None:
         return {}
     number = isinstance(given, (int, float)) and not isinstance(given, bool)
-    if not number or not math.isfinite(given) or given <= 0:
+    if not number or options.timeout_problem(given):
         pytest.fail(f"@pytest.mark.{MARKER}(timeout={given!r}): give a number of seconds (> 0) "
                     "for the whole launch, or leave it out", pytrace=False)
     return {"timeout_s": math.ceil(given)}  # whole seconds, as a cell keeps them
