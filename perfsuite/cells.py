@@ -42,6 +42,10 @@ MEMORY_FORMATS = ("nchw", "nhwc")
 # cuDNN convolutions only (PyTorch's defaults from 1.12 on, what the papers
 # most likely ran); "off": strict fp32 everywhere; "all": convolutions and matmuls.
 TF32_MODES = ("conv", "off", "all")
+# The learning rate over an image cell's run: held ("none", the papers' loop)
+# or cosine-decayed to zero by its last step, so that a short run's accuracy
+# is not decided by its last batches' noise.
+LR_DECAYS = ("none", "cosine")
 DEVICES = ("cpu", "cuda")
 
 EXPERIMENTS_DIR = Path(__file__).parent / "experiments"
@@ -78,6 +82,7 @@ class Cell:
     memory_format: str = "nchw"  # image only
     tf32: str = "conv"  # image only: TF32_MODES; in the id when not "conv"
     lr_warmup_steps: int = 0  # llm scheduler warm-up (the paper's "warm-up steps")
+    lr_decay: str = "none"  # image only: LR_DECAYS
     max_seq_len: int = 0  # llm only
     timeout_s: int = 600
     min_accuracy: float = 0.0  # accuracy target kept with the experiment data
@@ -103,6 +108,8 @@ class Cell:
             problems.append("fp16 autocast needs CUDA; CPU cells use bf16")
         if self.tf32 not in TF32_MODES:
             problems.append(f"tf32 {self.tf32!r} not in {TF32_MODES}")
+        if self.lr_decay not in LR_DECAYS:
+            problems.append(f"lr_decay {self.lr_decay!r} not in {LR_DECAYS}")
         if self.memory_format not in MEMORY_FORMATS:
             problems.append(f"memory_format {self.memory_format!r} not in {MEMORY_FORMATS}")
         if self.world_size < 1:

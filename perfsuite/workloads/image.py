@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import statistics
 import time
 from typing import Any
@@ -230,12 +231,24 @@ def _no_phase(name: str):
     return contextlib.nullcontext()
 
 
-def make_train_step(cell: Cell, model: nn.Module, device: torch.device, phase=_no_phase):
+def cosine_factor(step: int, total_steps: int) -> float:
+    """The share of the learning rate left after ``step`` of ``total_steps``."""
+    return 0.5 * (1.0 + math.cos(math.pi * min(step, total_steps) / total_steps))
+
+
+def make_train_step(cell: Cell, model: nn.Module, device: torch.device, phase=_no_phase,
+                    total_steps: int = 0):
     """One optimisation step on a batch already on the device; returns the loss.
 
     ``phase(name)`` labels forward / backward / optimizer for a profiler.
+    With ``cell.lr_decay`` "cosine" the learning rate falls from ``cell.lr``
+    to zero over ``total_steps`` steps.
     """
     optimizer = torch.optim.AdamW(model.parameters(), lr=cell.lr)
+    decay = None
+    if cell.lr_decay == "cosine" and total_steps > 0:  # zero from then on (the counting window)
+        decay = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: cosine_factor(
+            step, total_steps))
     scaler = torch.amp.GradScaler(device.type, enabled=cell.precision == "fp16")
     loss_fn = nn.CrossEntropyLoss()
 
@@ -248,8 +261,11 @@ def make_train_step(cell: Cell, model: nn.Module, device: torch.device, phase=_n
         with phase("optimizer"):
             scaler.step(optimizer)
             scaler.update()
+            if decay is not None:
+                decay.step()
         return loss.detach()
 
+    train_step.optimizer = optimizer  # what its steps change, for a caller that asks
     return train_step
 
 
@@ -315,7 +331,9 @@ def run(cell: Cell, ctx: RankContext) -> dict[str, Any]:
     model, module = build_model(cell, ctx)
     profiler = _step_profiler(cell, ctx)
     phase = profiler.phase if profiler.mode != "off" else _no_phase
-    plain_step = make_train_step(cell, model, device, phase)
+    loader = build_loader(cell, ctx, train_set)
+    steps = steps_per_epoch(cell.strategy, len(loader), ctx.world_size, cell.max_steps)
+    plain_step = make_train_step(cell, model, device, phase, total_steps=steps * cell.epochs)
     fault = faults.from_options(ctx.options)
     step_index = 0
 
@@ -370,8 +388,6 @@ def run(cell: Cell, ctx: RankContext) -> dict[str, Any]:
         step_index += 1
 
     partial = False
-    loader = build_loader(cell, ctx, train_set)
-    steps = steps_per_epoch(cell.strategy, len(loader), ctx.world_size, cell.max_steps)
     windows = Windows.from_env(ctx.rank, ctx.world_size)
     with profiler, WallClock(device) as total:
         if windows is not None:  # resident A/B: measured windows on the coordinator's word

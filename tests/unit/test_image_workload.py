@@ -237,3 +237,33 @@ def test_in_process_loading_keeps_each_epochs_first_step(tmp_path, monkeypatch):
     # no worker to start: an epoch's first step fetches its batch like any other
     record, starts = _run_in_process(tmp_path, monkeypatch, loader_workers=0)
     assert record["steps"] == 6 - 1 - 2 and starts == []
+
+
+# -- the learning rate over a run -------------------------------------------
+
+def test_an_unknown_lr_decay_is_refused_naming_the_choices():
+    with pytest.raises(ValueError, match=r"lr_decay 'linear' not in \('none', 'cosine'\)"):
+        _cell(lr_decay="linear")
+
+
+def _learning_rates(cell, total_steps, steps):
+    import torch
+
+    model = torch.nn.Linear(4, 2)
+    step = image.make_train_step(cell, model, torch.device("cpu"), total_steps=total_steps)
+    lrs = []
+    for _ in range(steps):
+        step(torch.randn(3, 4), torch.tensor([0, 1, 0]))
+        lrs.append(step.optimizer.param_groups[0]["lr"])  # the next step's
+    return lrs
+
+
+def test_cosine_decay_reaches_zero_at_the_last_step_and_stays_there():
+    lrs = _learning_rates(_cell(lr=4e-3, lr_decay="cosine"), total_steps=8, steps=11)
+    assert lrs[3] == pytest.approx(4e-3 * 0.5)  # half-way: cos(pi / 2)
+    assert all(a > b for a, b in zip(lrs[:8], lrs[1:8]))
+    assert lrs[7:] == [0.0] * 4  # the counting window after training moves nothing
+
+
+def test_without_decay_the_learning_rate_is_held():
+    assert _learning_rates(_cell(lr=4e-3), total_steps=8, steps=10) == [4e-3] * 10
