@@ -33,8 +33,7 @@ KINDS = ("paper", "recorded")  # transcribed from a publication, or measured by 
 # that change what is measured, plus "model" for the LLM tables.
 KEY_COLUMNS = ("workload", "device", "strategy", "model", "dataset", "world_size", "precision",
                "pin_memory", "image_size", "memory_format", "batch_size", "epochs", "max_steps",
-               "loader_workers", "lr", "lr_warmup_steps", "lr_decay", "max_seq_len",
-               "profile")
+               "loader_workers", "lr", "lr_warmup_steps", "lr_decay", "max_seq_len", "profile")
 PROVENANCE_COLUMNS = ("source", "kind", "recorded_at", "commit", "fingerprint", "versions",
                       "assumptions", "notes", "cell")
 METRIC_COLUMNS = ("id", *KEY_COLUMNS, "metric", "value", "unit", "better", "tolerance",

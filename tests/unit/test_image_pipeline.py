@@ -12,6 +12,7 @@ from torchvision.transforms.v2 import functional as TF
 from perfsuite.cells import Cell
 from perfsuite.judge import judging as judge
 from perfsuite.launch.launch import LaunchOptions, run_cell
+from perfsuite.rank import meter
 from perfsuite.workloads import image, image_data
 from tests.unit.cellkit import tiny_image_cell
 
@@ -107,7 +108,7 @@ def test_a_dp_loader_feeds_every_gpu_with_its_own_workers():
 
 def test_data_waits_are_shares_of_the_measured_steps():
     clock = iter([0.0, 1.0, 2.0, 4.0, 10.0, 11.0, 13.0])
-    waits = image.DataWaits(1, clock=lambda: next(clock))
+    waits = meter.DataWaits(1, clock=lambda: next(clock))
     waits.mark()                 # step 0 (warm-up): 0 -> 1
     waits.add(0.9, 0.0)
     waits.mark()                 # step 1: 1 -> 2
@@ -125,13 +126,13 @@ def test_data_waits_are_shares_of_the_measured_steps():
     shares = waits.shares()
     # data (fetch + copy) / span: 0.5, 0.2, 0.7, 0.1 -> median 0.35; fetch alone: 0.25, 0.1, 0.2, 0
     assert shares == {"data_wait_share": 0.35, "loader_wait_share": 0.15}
-    assert image.DataWaits(0).shares() == {"data_wait_share": None, "loader_wait_share": None}
+    assert meter.DataWaits(0).shares() == {"data_wait_share": None, "loader_wait_share": None}
 
 
 def test_data_waits_leave_out_the_steps_the_samples_leave_out():
-    measured = image.MeasuredSteps(warmup_steps=1)
+    measured = meter.MeasuredSteps(warmup_steps=1)
     clock = iter([0.0, 1.0, 2.0, 4.0, 5.0])
-    waits = image.DataWaits(measured, clock=lambda: next(clock))
+    waits = meter.DataWaits(measured, clock=lambda: next(clock))
     for fetch, copy in ((0.9, 0.0), (0.25, 0.25), (1.0, 1.0), (0.1, 0.1)):
         waits.mark()
         waits.add(fetch, copy)
