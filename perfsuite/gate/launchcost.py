@@ -4,7 +4,7 @@ The same cell launched ``launches`` times per rank start (perfsuite.launch.
 starting: ``fork`` from a zygote, ``exec`` fresh interpreters), one launch at
 a time; each result's timeline (perfsuite.launch.launch.timeline) split into
 the seconds before training (the agent's and the rank's start and imports,
-the workload's import), training, the counting window, the rest and the
+the workload's import and set-up), training, the counting window, the rest and the
 exit. The first forked launch of a process also starts the zygote; it is
 reported on its own and left out of the medians.
 """
@@ -22,11 +22,13 @@ from perfsuite.launch.launch import LaunchOptions, run_cell
 from perfsuite.launch.starting import RANK_STARTS
 from perfsuite.system.atomic import atomic_write_json
 
-PARTS = ("start_and_imports", "workload_import", "training", "counting", "workload_other", "exit")
+PARTS = ("start_and_imports", "workload_import", "workload_setup", "training", "counting",
+         "workload_other", "exit")
 
 
 def before_training(timeline: dict[str, float]) -> float:
-    return timeline["start_and_imports"] + timeline["workload_import"]
+    return (timeline["start_and_imports"] + timeline["workload_import"]
+            + timeline.get("workload_setup", 0.0))  # results written before it was split out
 
 
 def measure_launch_cost(cell_id: str, launches: int = 3, starts: tuple[str, ...] = RANK_STARTS,

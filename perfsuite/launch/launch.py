@@ -304,9 +304,12 @@ def _failure(cell: Cell, directory: Path, records: list[dict | None], log_text: 
 def timeline(started: float, ended: float, record: dict | None,
              result: dict[str, Any]) -> dict[str, float] | None:
     """Where a launch's wall time went (seconds), from rank 0's record: the
-    torchrun agent and the rank's imports, the workload's import, its set-up,
-    training, the counting window, the rest of the workload (evaluation,
-    teardown), and the exit of the rank and the agent."""
+    torchrun agent and the rank's imports, the workload's import, its set-up
+    (data, model, process group: until its first training step began, where
+    the record says when), training, the counting window, the rest of the
+    workload (evaluation, teardown; a recipe's first step, which its step log
+    leaves out of training), and the exit of the rank and the agent. The
+    first three are what a launch costs before it trains."""
     if not record or not record.get("finished"):
         return None
     imported = record.get("workload_imported") or record["started"]
@@ -315,9 +318,12 @@ def timeline(started: float, ended: float, record: dict | None,
                 or info.get("train_s") or 0.0)  # recipes: between their first and last step log
     counting = info.get("count_window_s") or 0.0
     workload = record["finished"] - imported
+    began = record.get("training_started")
+    setup = min(max(began - imported, 0.0), workload) if began else 0.0
     return {"wall": ended - started, "start_and_imports": record["started"] - started,
-            "workload_import": imported - record["started"], "training": training,
-            "counting": counting, "workload_other": workload - training - counting,
+            "workload_import": imported - record["started"], "workload_setup": setup,
+            "training": training, "counting": counting,
+            "workload_other": workload - setup - training - counting,
             "exit": ended - record["finished"]}
 
 

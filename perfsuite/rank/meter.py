@@ -86,6 +86,9 @@ class WallClock:
         return self.stopped - self.started
 
 
+TRAINING_PHASES = ("train", "window")  # the phases of ctx.report_progress that train
+
+
 class Progress:
     """The step and phase this rank last entered, for diagnosing a hang.
 
@@ -97,11 +100,19 @@ class Progress:
 
     def __init__(self, path: Path | None) -> None:
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644) if path else None
+        self.first: dict[str, float] = {}  # phase -> time.time() it was first entered
 
     def update(self, step: int, phase: str = "step", total: int = 0) -> None:
+        now = time.time()
+        self.first.setdefault(phase, now)
         if self._fd is not None:
-            line = f"{step} {time.time():.3f} {phase} {total}"[: self.WIDTH - 1]
+            line = f"{step} {now:.3f} {phase} {total}"[: self.WIDTH - 1]
             os.pwrite(self._fd, line.ljust(self.WIDTH - 1).encode() + b"\n", 0)
+
+    def training_started(self) -> float | None:
+        """When the first training step (or resident window's step) began."""
+        begun = [self.first[p] for p in TRAINING_PHASES if p in self.first]
+        return min(begun) if begun else None
 
     def close(self) -> None:
         if self._fd is not None:

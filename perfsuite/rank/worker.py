@@ -237,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
                             "its record (a dict: metrics, steps, ...; perfsuite.steps.Steps.record())")
         check_measured(measured, cell.workload, {*record, "status", "reason", "error", "finished"})
         record.update(measured)
+        # the workload's own set-up ends here: reported steps, else what it says
+        record["training_started"] = (ctx.progress.training_started()
+                                      or (measured.get("info") or {}).get("training_started"))
         _end_process_group()
         record["status"] = "ok"
     except BaseException as err:  # noqa: BLE001 - the record must say what happened

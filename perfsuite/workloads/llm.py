@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -181,6 +182,10 @@ def run(cell: Any, ctx: Any) -> dict[str, Any]:
             OptimizerStepWindow(cell.max_steps + 1, window, torch.device(ctx.device)) as counted:
         run_recipe(recipe, plan.config_path)
     summary = profiler.summary()
+    # the first batch collated: where the recipe's set-up ended (wall clock, as the record's)
+    first_batch = llm_probe.BATCHES[0]["t"] if llm_probe.BATCHES else None
+    training_started = (time.time() - (time.perf_counter() - first_batch)
+                        if first_batch is not None else None)
     # the steps after the cell's own ran for the counting window: not timed
     full_log = llm_probe.read_step_log(plan.step_log)
     step_log = full_log[:cell.max_steps if window else None]
@@ -195,6 +200,7 @@ def run(cell: Any, ctx: Any) -> dict[str, Any]:
             "trainable_params": facts["trainable_params"], "config_file": str(plan.config_path),
             "step_log": str(plan.step_log) if step_log else None,
             "compat_patches": patched, "count_window_steps": window,
+            "training_started": training_started,
             "train_s": step_log[-1]["t"] - step_log[0]["t"] if len(step_log) > 1 else None,
             "count_window_s": (full_log[-1]["t"] - full_log[len(step_log)]["t"]
                                if len(full_log) > len(step_log) else 0.0),

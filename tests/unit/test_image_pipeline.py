@@ -175,3 +175,7 @@ def test_a_real_cell_reports_its_data_share(tmp_path):
     data, loader = info["data_wait_share"], info["loader_wait_share"]
     assert 0 < loader <= data < 1  # in-process loading on CPU: a part of every step
     assert not [c for c in judge.sanity_checks(cell, result) if c["verdict"] != judge.PASS]
+    # the timeline's parts add up to the launch, the set-up (data, model) its own part
+    parts = result["timeline"]
+    assert 0 < parts["workload_setup"] < parts["wall"] and parts["workload_other"] >= 0
+    assert sum(v for k, v in parts.items() if k != "wall") == pytest.approx(parts["wall"])

@@ -13,8 +13,9 @@ def fake_run_cell(monkeypatch, seen):
         seen.append(opts.rank_start)
         first = seen.count("fork") == 1 and opts.rank_start == "fork"
         before = {"fork": 7.0 if first else 0.2, "exec": 5.0}[opts.rank_start]
-        timeline = {"wall": before + 3.0, "start_and_imports": before - 0.1, "workload_import": 0.1,
-                    "training": 2.0, "counting": 0.5, "workload_other": 0.3, "exit": 0.2}
+        timeline = {"wall": before + 3.0, "start_and_imports": before - 0.4, "workload_import": 0.1,
+                    "workload_setup": 0.3, "training": 2.0, "counting": 0.5, "workload_other": 0.3,
+                    "exit": 0.2}
         return {"status": "ok", "info": {"rank_start": opts.rank_start}, "timeline": timeline}
 
     monkeypatch.setattr(launchcost, "run_cell", run_cell)
@@ -44,3 +45,20 @@ def test_a_failed_launch_stops_the_measurement_naming_its_folder(tmp_path, monke
     with pytest.raises(RuntimeError, match="boom"):
         launchcost.measure_launch_cost("smoke/image/ddp-ds/c1/fp32/px32/nopin/nchw", launches=1,
                                        work_dir=tmp_path, log=lambda line: None)
+
+
+def test_a_launchs_timeline_splits_the_workloads_set_up_from_what_follows_training():
+    from perfsuite.launch.launch import timeline
+
+    record = {"started": 101.0, "workload_imported": 101.5, "training_started": 102.25,
+              "finished": 106.0}
+    result = {"metrics": {"total_time": {"value": 2.5}}, "info": {"count_window_s": 0.5}}
+    parts = timeline(100.0, 106.5, record, result)
+    assert parts == pytest.approx({"wall": 6.5, "start_and_imports": 1.0, "workload_import": 0.5,
+                                   "workload_setup": 0.75, "training": 2.5, "counting": 0.5,
+                                   "workload_other": 0.75, "exit": 0.5})
+    assert launchcost.before_training(parts) == pytest.approx(2.25)
+    # a record that does not say when training began: its set-up stays in the rest
+    del record["training_started"]
+    parts = timeline(100.0, 106.5, record, result)
+    assert parts["workload_setup"] == 0.0 and parts["workload_other"] == pytest.approx(1.5)

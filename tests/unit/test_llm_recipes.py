@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 from perfsuite.cells import Cell
 from perfsuite.context import RankContext
@@ -42,10 +43,14 @@ def test_lora_single_device_recipe_runs_in_process(tmp_path):
     cell = tiny_cell("lora", 1)
     ctx = RankContext(rank=0, world_size=1, local_rank=0, device="cpu", out_dir=tmp_path,
                       options={"cache_dir": str(tmp_path / "cache")})
+    began = time.time()
     result = llm.run(cell, ctx)
     check_rank0_result(result, steps_run=5, warmup=2)
     info = result["info"]
     assert info["recipe"] == "lora_finetune_single_device"
+    # the recipe's set-up ended with its first batch, before its first step was logged
+    first_logged = json.loads((tmp_path / "llm-steps-rank0.jsonl").read_text().splitlines()[0])["wall"]
+    assert began < info["training_started"] < first_logged
     assert info["trainable_params"] < info["model_params"] / 10
     assert info["saves_checkpoint"] is False
     # The recipe's config stays beside the results, runnable with `tune run`.
