@@ -25,8 +25,9 @@ COMMANDS = {  # subcommand: (its one-line help, its old command)
                           "perfsuite history detection"),
     "overhead": ("the suite's own overhead on a training step, bare against instrumented",
                  "perfsuite overhead"),
-    "launch-cost": ("where a launch's wall time goes (before training, training, counting, exit), "
-                    "ranks forked from a zygote against fresh interpreters", None),
+    "launch-cost": ("where a launch's wall time goes (before training: start, imports and the "
+                    "workload's set-up; training, counting, exit), ranks forked from a zygote "
+                    "against fresh interpreters", None),
 }
 
 
