@@ -237,7 +237,11 @@ class ABSession:
             dirs = {name: self.out_dir / "launches" / side.label / f"pair{pair}"
                     for name, side in self.sides.items()}
             started = time.time()
-            run = run_pair(cell, opts, dirs, quads=self.quads, window_steps=self.window_steps)
+            # Which side starts first alternates, as every round's lead does:
+            # the second launch comes up beside a resident first one.
+            first = ORDER[(pair - 1) % 2]
+            run = run_pair(cell, opts, dirs, quads=self.quads, window_steps=self.window_steps,
+                           first=first)
             for name in ORDER[:2]:
                 result = run.results.get(name) or {"status": "error", "reason": run.error or "no result"}
                 self._file_launch(self.sides[name], pair, result, started, record)
@@ -249,7 +253,8 @@ class ABSession:
                 results[name].append(result)
             quads_by_pair.append(quad_log_ratios([(w["side"], w["value"]) for w in judged(run.windows)]))
             own = pair_estimate(quads_by_pair[-1])
-            record["pairs"].append({"pair": pair, "quads": own.quads, "ratio": _finite(own.ratio),
+            record["pairs"].append({"pair": pair, "first": first, "quads": own.quads,
+                                    "ratio": _finite(own.ratio),
                                     "ci_low": _finite(own.ci_low), "ci_high": _finite(own.ci_high),
                                     "ready_s": run.ready_s, "windows": run.windows})
             self.log(f"  pair {pair}: {own.quads} quads, ratio {own.ratio:.4g} "

@@ -182,10 +182,11 @@ def judged(windows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def run_pair(cell: Cell, options: dict[str, LaunchOptions], dirs: dict[str, Path], *, quads: int,
              window_steps: int, on_window: Callable[[dict[str, Any]], None] = lambda w: None,
              stop_after: Callable[[list[dict[str, Any]]], bool] = lambda ws: False,
-             settling_quads: int = SETTLING_QUADS) -> PairRun:
-    """One launch of each side, resident together, ``settling_quads`` ABBA
-    quads of windows marked ``settling``, then ``quads`` judged ones (fewer
-    where ``stop_after(judged windows)`` says so after a quad)."""
+             settling_quads: int = SETTLING_QUADS, first: str = "A") -> PairRun:
+    """One launch of each side, resident together (side ``first`` launched
+    first), ``settling_quads`` ABBA quads of windows marked ``settling``, then
+    ``quads`` judged ones (fewer where ``stop_after(judged windows)`` says so
+    after a quad)."""
     coordinator = Coordinator()
     results: dict[str, dict[str, Any]] = {}
     threads: dict[str, threading.Thread] = {}
@@ -198,7 +199,7 @@ def run_pair(cell: Cell, options: dict[str, LaunchOptions], dirs: dict[str, Path
         # pick the same free port for their rendezvous (seen: one waited in
         # the other's until its timeout), and on a small machine their
         # imports would only slow each other.
-        for side in ORDER[:2]:
+        for side in (first, "B" if first == "A" else "A"):
             # No forked agent: a fork from a process with another thread running can deadlock.
             opts = replace(options[side], env={**options[side].env, **coordinator.env(side),
                                                "PERFSUITE_FORK_AGENT": "0"})

@@ -400,6 +400,7 @@ def test_resident_ab_alternates_windows_between_live_launches_and_sees_a_slowdow
     assert record["mode"] == "resident" and record["verdict"] == "regressed" and code == ab.EXIT_REGRESSED
     assert record["ratio"] > 1.2 and record["ci_low"] > 1.0
     assert [p["quads"] for p in record["pairs"]] == [4, 4] and record["quads"] == 8
+    assert [p["first"] for p in record["pairs"]] == ["A", "B"]  # which side comes up first alternates
     for pair in record["pairs"]:
         assert "".join(w["side"] for w in pair["windows"]) == "ABBA" * 5  # a settling quad, then 4
         assert [bool(w.get("settling")) for w in pair["windows"]] == [True] * 4 + [False] * 16
@@ -412,6 +413,9 @@ def test_resident_ab_alternates_windows_between_live_launches_and_sees_a_slowdow
     # every window a rank ran, the settling quad's too: 5 quads, 2 windows a side, 3 steps
     assert all(len(r["metrics"]["step_time"]["samples"]) == 5 * 2 * 3 for r in results.values())
     assert results[("A", 1)]["counters"] and not results[("A", 2)]["counters"]  # counted once a side
+    began = {(x["side"], x["index"]): json.loads((Path(x["dir"]) / "rank0.json").read_text())["started"]
+             for x in launches}
+    assert began[("A", 1)] < began[("B", 1)] and began[("B", 2)] < began[("A", 2)]
 
 
 def test_resident_mode_refused_by_a_cell_is_an_error_without_launching(tmp_path, monkeypatch):

@@ -156,3 +156,29 @@ def test_the_first_quad_of_a_pair_settles_and_is_not_judged(tmp_path, monkeypatc
     assert len(ratios) == 3 and all(0.5 < r < 2.0 for r in ratios), ratios
     with_settling = quad_log_ratios([(w["side"], w["value"]) for w in run.windows])
     assert 2.718281828 ** with_settling[0] < 0.5  # what judging it would have said: B "faster"
+
+
+@pytest.mark.parametrize("first", ["A", "B"])
+def test_the_side_named_first_is_launched_first_and_windows_stay_abba(tmp_path, monkeypatch, first):
+    """An A/B session alternates which side's launch comes up first (the
+    second comes up beside a resident first one); the windows' order does not
+    change with it."""
+    from perfsuite.gate import resident
+
+    launched = []
+
+    def fake_run_cell(cell, directory, opts):
+        launched.append(opts.env[SIDE_ENV])
+        windows = Windows.from_env(0, 1, opts.env)
+        while (n := windows.next_window()) > 0:
+            windows._send({"times": [0.001] * n})
+        windows.close()
+        return {"status": "ok", "steps": 0}
+
+    monkeypatch.setattr(resident, "run_cell", fake_run_cell)
+    cell = get("smoke/image/ddp-ds/c1/fp32/px32/nopin/nchw")
+    opts = {side: LaunchOptions(timeout_s=60) for side in "AB"}
+    run = resident.run_pair(cell, opts, {s: tmp_path / s for s in "AB"}, quads=2, window_steps=1,
+                            first=first)
+    assert run.error is None and launched == [first, "B" if first == "A" else "A"]
+    assert "".join(w["side"] for w in run.windows) == "ABBA" * 3
