@@ -27,8 +27,7 @@ PARTS = ("start_and_imports", "workload_import", "workload_setup", "training", "
 
 
 def before_training(timeline: dict[str, float]) -> float:
-    return (timeline["start_and_imports"] + timeline["workload_import"]
-            + timeline.get("workload_setup", 0.0))  # results written before it was split out
+    return timeline["start_and_imports"] + timeline["workload_import"] + timeline["workload_setup"]
 
 
 def measure_launch_cost(cell_id: str, launches: int = 3, starts: tuple[str, ...] = RANK_STARTS,
