@@ -97,8 +97,13 @@ def test_a_rank_records_the_launcher_that_started_it(tmp_path, monkeypatch):
     assert not _two_node_plan().partner_of([{**record, "agent_pid": -1}], agent_pid=os.getppid())
 
 
-def _run(*args, env=None):
-    return subprocess.Popen([sys.executable, "-m", "perfsuite.cli.main", "run", CELL, *args],
+def _run(tmp_path, *args, env=None):
+    # judged against no baselines: these tests are about the launch path, and a
+    # step time or peak memory taken beside the other test workers is no verdict
+    empty = tmp_path / "no-baselines"
+    empty.mkdir(exist_ok=True)
+    return subprocess.Popen([sys.executable, "-m", "perfsuite.cli.main", "run", CELL, "--baselines", str(empty),
+                             *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, **(env or {})})
 
@@ -108,9 +113,9 @@ def test_two_agents_on_localhost_share_one_cell(tmp_path):
     port = multinode.free_port()
     common = ["--out", str(tmp_path), "--no-probe", "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{port}",
               "--rdzv-id", "two-agents"]
-    agents = [_run(*common), _run(*common)]
+    agents = [_run(tmp_path, *common), _run(tmp_path, *common)]
     outputs = [a.communicate(timeout=300)[0] for a in agents]
-    assert [a.returncode for a in agents] == [0, 0], outputs
+    assert [a.returncode for a in agents] == [0, 0], "\n----\n".join(outputs)
     assert sum("no result written here" in out for out in outputs) == 1, outputs
     saved = json.loads((tmp_path / "results.json").read_text())
     (cell,) = saved["cells"]
@@ -138,7 +143,7 @@ def test_slurm_path_launches_torchrun_through_srun(tmp_path):
     env = {"PATH": f"{bindir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242",
            "SLURM_JOB_NODELIST": "localhost", "SLURM_JOB_NUM_NODES": "2"}
     out_dir = tmp_path / "out"
-    proc = _run("--out", str(out_dir), "--no-probe", "--slurm", env=env)
+    proc = _run(tmp_path, "--out", str(out_dir), "--no-probe", "--slurm", env=env)
     output = proc.communicate(timeout=300)[0]
     assert proc.returncode == 0, output
     (cell,) = json.loads((out_dir / "results.json").read_text())["cells"]
