@@ -27,8 +27,11 @@ from perfsuite.options import RANK_STARTS
 from perfsuite.system.lifetime import die_with_me
 
 # What every rank imports, whatever its workload: torch, the optimiser's
-# torch._dynamo, torchrun's agent, the worker.
-PRELOAD = ["torch", "torch._dynamo", "torch.distributed.run", "perfsuite.rank.worker"]
+# torch._dynamo, torchrun's agent, the worker, and the results schema with the
+# jsonschema it checks a record with once the workload returns (imported there,
+# they were launch time after training in every rank).
+PRELOAD = ["torch", "torch._dynamo", "torch.distributed.run", "perfsuite.rank.worker", "perfsuite.results",
+           "jsonschema"]
 # torchrun's agent asks torch.accelerator.is_available() as it reads its
 # options (LaunchConfig, torch 2.9+), and on a GPU host that poisons every
 # fork after it: a forked rank then cannot start CUDA. Set for the agent, the

@@ -1,7 +1,9 @@
 """How a launch's ranks start: forked from a zygote that imported torch and
 the workload, or each a fresh interpreter (perfsuite.launch.starting)."""
 
+import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -131,3 +133,29 @@ def test_the_agent_checks_cuda_through_nvml_and_the_rank_gets_the_users_environm
     seen.clear()
     starting.start_agent(["py"], 1, {starting.NVML_CHECK: "0"}, "fork", tiny(), sys.executable)
     assert seen[starting.NVML_CHECK] == "0" and starting.NVML_CHECK_SET not in seen
+
+
+def test_a_forked_rank_imports_nothing_to_hand_in_its_record(tmp_path):
+    """What the worker does with a workload's finished record (check it against
+    the results schema, write it) needs nothing its zygote did not import:
+    an import there is launch time after training, in every rank (scipy's
+    through perfsuite.stats took ~1 s of each rank on the 2-core VM)."""
+    script = f"""
+import importlib, json, sys
+from pathlib import Path
+for name in {starting.preload_modules(tiny())!r}:
+    importlib.import_module(name)
+before = set(sys.modules)
+from perfsuite.rank import worker
+measured = {{"metrics": {{"step_time": {{"value": 0.1, "unit": "s", "samples": [0.1, 0.12]}}}},
+             "steps": 2, "counters": {{"per_step": {{}}}}, "info": {{}}}}
+worker.check_measured(measured, "image", {{"rank", "status"}})
+worker.atomic_write_json(Path(sys.argv[1]) / "rank0.json", measured)
+# the standard library's own modules aside (a codec): milliseconds
+print(json.dumps(sorted(m for m in set(sys.modules) - before
+                        if m.partition(".")[0] not in sys.stdlib_module_names)))
+"""
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.splitlines()[-1]) == []
