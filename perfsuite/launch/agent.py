@@ -284,6 +284,40 @@ class ZygoteAgent:
 _ZYGOTES: dict[tuple, Zygote] = {}
 _FAILED: dict[tuple, str] = {}  # keys whose zygote could not start: why
 _TOUCH_CUDA: set[str] = set()  # modules whose import initialised CUDA: ranks import them after the fork
+_WARMING: dict[tuple, threading.Thread] = {}  # zygotes starting in the background (warm)
+_WARMING_LOCK = threading.Lock()
+
+
+def warm(python: str, env: dict[str, str], preload: list[str], cuda: bool) -> None:
+    """Start the zygote a launch in ``env`` will use on a thread and return:
+    its imports (seconds of torch's) then run beside the launcher's own, on
+    another core. The launch's ``zygote_for`` waits for it; a warm start that
+    failed is that call's ZygoteError. Nothing where one is there or starting."""
+    key = zygote_key(python, env, os.getcwd())
+    with _WARMING_LOCK:
+        if key in _WARMING or key in _FAILED or (key in _ZYGOTES and _ZYGOTES[key].alive()):
+            return
+        thread = threading.Thread(target=_warm_start, args=(python, env, preload, cuda),
+                                  name="perfsuite-zygote-warm", daemon=True)
+        _WARMING[key] = thread
+    thread.start()
+
+
+def _warm_start(python: str, env: dict[str, str], preload: list[str], cuda: bool) -> None:
+    try:
+        zygote_for(python, env, preload, cuda)
+    except ZygoteError:  # filed in _FAILED: the launch says it
+        pass
+
+
+def _wait_for_warm_start(key: tuple) -> None:
+    with _WARMING_LOCK:
+        thread = _WARMING.get(key)
+    if thread is None or thread is threading.current_thread():
+        return
+    thread.join()
+    with _WARMING_LOCK:
+        _WARMING.pop(key, None)
 
 
 def zygote_for(python: str, env: dict[str, str], preload: list[str], cuda: bool) -> Zygote:
@@ -294,6 +328,7 @@ def zygote_for(python: str, env: dict[str, str], preload: list[str], cuda: bool)
     that touched it. Raises ZygoteError saying why there is none."""
     cwd = os.getcwd()
     key = zygote_key(python, env, cwd)
+    _wait_for_warm_start(key)
     if key in _FAILED:
         raise ZygoteError(_FAILED[key])
     zygote = _ZYGOTES.pop(key, None)
@@ -340,5 +375,7 @@ def start_forked(argv: list[str], log_fd: int, env: dict[str, str], python: str,
 
 
 def close_zygotes() -> None:
+    for key in list(_WARMING):  # a warm start under way ends first, then with the rest
+        _wait_for_warm_start(key)
     while _ZYGOTES:
         _ZYGOTES.popitem()[1].close()

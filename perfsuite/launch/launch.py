@@ -376,6 +376,7 @@ def run_cell(cell: Cell, out_dir: Path, opts: LaunchOptions | None = None) -> di
     if profiler != "off":  # `nsys profile --output profile/rank<N>` creates no folder
         (directory / "profile").mkdir(exist_ok=True)
     start, start_note = starting.rank_start(opts.rank_start, profiler, plan)
+    starting.warm_zygote(cell, start, opts.python, {**os.environ, **opts.env})  # beside what follows
     argv = plan.wrap(torchrun_argv(cell, directory, opts, profiler, plan, start))
     timeout = opts.timeout_s or cell.timeout_s
     token = plan.run_token

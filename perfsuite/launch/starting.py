@@ -67,14 +67,28 @@ def rank_start(asked: str | None, profiler: str, plan: multinode.Plan) -> tuple[
     return "fork", None
 
 
+def _with_nvml_check(env: dict[str, str]) -> dict[str, str]:
+    return env if NVML_CHECK in env else {**env, NVML_CHECK: "1", NVML_CHECK_SET: "1"}
+
+
+def warm_zygote(cell: Cell, start: str, python: str, env: dict[str, str]) -> None:
+    """Where ``cell``'s ranks will fork, start their zygote now, in the
+    background (agent.warm), while the launcher builds the launch: on the
+    2-core VM its imports then ran beside the launcher's own. ``env``: the
+    launch's, but for what each launch sets anew (agent.PER_LAUNCH_ENV,
+    PERFSUITE_*), which zygotes do not tell apart."""
+    if start == "fork" and agent.may_fork_agent():
+        agent.warm(python, _with_nvml_check(env), preload_modules(cell), cuda=cell.device == "cuda")
+
+
 def start_agent(argv: list[str], log_fd: int, env: dict[str, str], start: str, cell: Cell, python: str):
     """The launch's torchrun agent (a Popen-like object): forked from a zygote
     where the ranks fork (raises agent.ZygoteError where there is none), else
     forked from this process or a fresh interpreter ($PERFSUITE_FORK_AGENT=0:
     always; its ranks then fork from it where they fork, with torch imported
     but not the workload)."""
-    if start == "fork" and NVML_CHECK not in env:
-        env = {**env, NVML_CHECK: "1", NVML_CHECK_SET: "1"}
+    if start == "fork":
+        env = _with_nvml_check(env)
     if start == "fork" and agent.may_fork_agent():
         return agent.start_forked(argv, log_fd, env, python, preload_modules(cell),
                                   cuda=cell.device == "cuda")

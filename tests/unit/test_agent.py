@@ -211,3 +211,52 @@ def test_a_zygote_started_from_a_thread_outlives_it_and_serves_two_threads_at_on
         assert slow.returncode == 0
     finally:
         agent.close_zygotes()
+
+
+def test_a_zygote_warmed_in_the_background_is_the_one_the_launch_then_gets(monkeypatch):
+    """``warm`` starts a launch's zygote on a thread while the launcher does its
+    own imports; the launch's ``zygote_for`` waits for that one instead of
+    starting another, and a warm start that failed is the launch's error."""
+    import threading
+
+    release, made = threading.Event(), []
+
+    class SlowZygote:
+        cuda_clean, cuda_touched_by = True, None
+
+        def __init__(self, python, env, cwd, preload):
+            assert release.wait(30)  # importing torch, in a real one
+            if python == "no-python":
+                raise agent.ZygoteError("cannot start")
+            made.append(self)
+
+        def alive(self):
+            return True
+
+        def preload(self, modules):
+            pass
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(agent, "Zygote", SlowZygote)
+    monkeypatch.setattr(agent, "_ZYGOTES", {})
+    monkeypatch.setattr(agent, "_FAILED", {})
+    monkeypatch.setattr(agent, "_WARMING", {})
+    env = {"PATH": "/bin"}
+    agent.warm("py", env, ["torch"], cuda=False)  # returns while the zygote is still starting
+    agent.warm("py", env, ["torch"], cuda=False)  # one start a key
+    assert made == [] and len(agent._WARMING) == 1
+    got = []
+    launch = threading.Thread(target=lambda: got.append(agent.zygote_for("py", env, ["torch"], cuda=False)))
+    launch.start()
+    launch.join(0.2)
+    assert launch.is_alive() and got == []  # waiting for the warm start, not starting its own
+    release.set()
+    launch.join(30)
+    assert got == made and len(made) == 1 and agent._WARMING == {}
+    agent.warm("py", env, ["torch"], cuda=False)  # already there: nothing started
+    assert agent._WARMING == {} and len(made) == 1
+    agent.warm("no-python", env, ["torch"], cuda=False)
+    with pytest.raises(agent.ZygoteError, match="cannot start"):
+        agent.zygote_for("no-python", env, ["torch"], cuda=False)
