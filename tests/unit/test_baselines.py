@@ -137,6 +137,18 @@ def test_a_cell_with_other_parameters_finds_nothing(paper):
     assert lookup(paper.metrics, {k: v for k, v in llm.items() if k != "lr"}).empty
 
 
+def test_lookup_reads_each_tables_own_rows_while_many_come_and_go(paper):
+    """lookup keeps a table's rows once read: another table, one read after
+    many others, or one made where a freed one was, gets its own."""
+    params = image_params(world_size=2, precision="fp16")
+    assert len(lookup(paper.metrics, params)) == 2
+    for n in range(40):  # more tables than are kept, each gone after its lookup
+        table = paper.metrics.copy()
+        table["id"] = [f"copy{n}-{i}" for i in range(len(table))]
+        assert set(lookup(table, params)["id"]) == {f"copy{n}-{i}" for i in lookup(paper.metrics, params).index}
+    assert set(lookup(paper.metrics, params)["id"]) == {"t2-g2-fp16-total_time", "t2-g2-fp16-accuracy"}
+
+
 def test_full_tier_cells_of_the_matrix_find_their_paper_rows(paper):
     cells = pytest.importorskip("perfsuite.cells")
     try:
