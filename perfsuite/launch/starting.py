@@ -41,13 +41,21 @@ NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
 NVML_CHECK_SET = "PERFSUITE_NVML_CHECK_SET"
 
 
+# What a built-in workload's ranks import while they run, beyond its module:
+# the LLM recipes' datasets.load_dataset imports scipy.io (0.2-0.3 s a rank on
+# the 2-core VM, every launch), the QAT recipes torchao's QAT (~0.35 s).
+WORKLOAD_PRELOAD = {"llm": ["scipy.io", "torchao.prototype.qat", "perfsuite.profiling"]}
+
+
 def preload_modules(cell: Cell) -> list[str]:
-    """What a zygote imports for ``cell``'s ranks: PRELOAD and a built-in
-    workload's module. Never a workload of the user's own: it may change
-    between launches (``perfsuite bisect`` walks its commits), and a rank
-    imports it after the fork as a fresh one would."""
-    module = specs.BUILTIN[cell.workload].partition(":")[0] if cell.workload in specs.BUILTIN else None
-    return PRELOAD + ([module] if module else [])
+    """What a zygote imports for ``cell``'s ranks: PRELOAD, a built-in
+    workload's module and what it imports as it runs. Never a workload of
+    the user's own: it may change between launches (``perfsuite bisect``
+    walks its commits), and a rank imports it after the fork as a fresh one
+    would."""
+    if cell.workload not in specs.BUILTIN:
+        return list(PRELOAD)
+    return [*PRELOAD, specs.BUILTIN[cell.workload].partition(":")[0], *WORKLOAD_PRELOAD.get(cell.workload, [])]
 
 
 def rank_start(asked: str | None, profiler: str, plan: multinode.Plan) -> tuple[str, str | None]:

@@ -9,6 +9,7 @@ import sys
 import pytest
 from cellkit import tiny_image_cell as tiny
 
+from perfsuite import cells
 from perfsuite.launch import agent, multinode, starting
 from perfsuite.launch.launch import LaunchOptions, run_cell, torchrun_argv
 
@@ -62,6 +63,10 @@ def test_the_fork_command_is_torchruns_own(tmp_path):
 
 def test_a_zygote_imports_the_built_in_workload_but_never_the_users_own():
     assert starting.preload_modules(tiny()) == [*starting.PRELOAD, "perfsuite.workloads.image"]
+    # and what a built-in workload's ranks import as they run (an LLM recipe's datasets: scipy.io)
+    llm = cells.get("smoke/llm/lora/alpaca/c1/fp32/nopin")
+    assert starting.preload_modules(llm)[:len(starting.PRELOAD) + 1] == [*starting.PRELOAD, "perfsuite.workloads.llm"]
+    assert "scipy.io" in starting.preload_modules(llm)
     assert starting.preload_modules(tiny(workload="mypkg.bench:run")) == starting.PRELOAD
     assert sys.executable  # the zygote runs under the launch's interpreter
 
