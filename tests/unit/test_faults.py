@@ -74,10 +74,13 @@ def test_sigterm_takes_the_ctrl_c_path():
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT])
-def test_interrupted_run_keeps_finished_cells_and_resumes(tmp_path, sig):
+def test_interrupted_run_keeps_finished_cells_and_resumes(tmp_path, tmp_path_factory, sig):
     first = "smoke/image/dp/c1/fp32/px32/nopin/nchw"
     second = "smoke/image/ddp/c2/fp32/px32/nopin/nchw"
-    proc = _perfsuite("run", first, second, "--out", str(tmp_path), "--no-probe")
+    # judged against no baselines: a step time taken beside the other test
+    # workers is no verdict on resuming (CI saw one 3.4x its baseline here)
+    judged = ("--no-probe", "--baselines", str(tmp_path_factory.mktemp("no-baselines")))
+    proc = _perfsuite("run", first, second, "--out", str(tmp_path), *judged)
     progress = tmp_path / "cells" / second / "progress-rank1"
     deadline = time.monotonic() + 240
     while not progress.exists() and time.monotonic() < deadline and proc.poll() is None:
@@ -90,7 +93,7 @@ def test_interrupted_run_keeps_finished_cells_and_resumes(tmp_path, sig):
     saved = json.loads((tmp_path / "results.json").read_text())
     assert [(c["id"], c["status"]) for c in saved["cells"]] == [(first, "ok")]
     assert survivors(str(tmp_path)) == []
-    again = _perfsuite("run", first, second, "--out", str(tmp_path), "--resume", "--no-probe")
+    again = _perfsuite("run", first, second, "--out", str(tmp_path), "--resume", *judged)
     output, _ = again.communicate(timeout=300)
     assert again.returncode == 0, output
     cells = {c["id"]: c for c in json.loads((tmp_path / "results.json").read_text())["cells"]}
