@@ -142,6 +142,19 @@ def written(before: dict[Path, tuple], basetemp: Path) -> list[str]:
 
 # ----------------------------------------------------------------------------- hooks
 
+def pytest_configure(config: pytest.Config) -> None:
+    """A pytest-xdist worker computes with torch on one thread: its tests that
+    train in-process share the cores with the other workers and their launches,
+    and torch's OpenMP threads then spin waiting for each other (on the 2-core
+    VM beside two busy processes, a 12-step MobileNetV2 loop used 18 CPU-s on
+    2 threads, 6 on 1). Launches set their ranks' threads themselves."""
+    if hasattr(config, "workerinput"):
+        import torch
+
+        torch.set_num_threads(1)
+
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     if is_perf(item):
