@@ -265,7 +265,7 @@ class ABSession:
             cmp = compare_windows(quads_by_pair, self.tolerance, confidence, min_pairs=MIN_PAIRS)
             record.update(verdict=cmp.verdict, ratio=_finite(cmp.ratio), ci_low=_finite(cmp.ci_low),
                           ci_high=_finite(cmp.ci_high), confidence=confidence, method=cmp.method,
-                          quads=cmp.quads, tau2=cmp.tau2, heterogeneity_p=cmp.heterogeneity_p,
+                          quads=cmp.quads, tau2=cmp.tau2, heterogeneity_p=cmp.heterogeneity_p, dof=cmp.dof,
                           reason=cmp.reason or None)
             self.write()
             self.log(f"  after pair {pair}: {cmp.verdict.upper()}  {_interval(record)}")

@@ -10,8 +10,11 @@ launch (its imports, memory layout, a bad NCCL ring) are the same for every
 quad of that pair, so no number of quads from one pair can see them: the
 session runs several launch pairs, and the pairs' means are combined with a
 random-effects model (DerSimonian-Laird), whose between-pair variance
-``tau2`` widens the interval as far as the pairs disagree. Both levels are
-reported: each pair's ratio and interval, and the combined one.
+``tau2`` widens the interval as far as the pairs disagree, and whose t
+quantile takes the degrees of freedom of what the variance was estimated
+from (Welch-Satterthwaite): the quads' where the pairs agree, the pairs'
+where a launch effect dominates. Both levels are reported: each pair's
+ratio and interval, and the combined one.
 
 Pure functions of numbers (numpy, scipy), judged with ``stats.classify``.
 """
@@ -88,6 +91,7 @@ class WindowComparison:
     pairs: list[PairEstimate] = field(default_factory=list)
     tau2: float = 0.0  # between-pair variance of the log-ratio
     heterogeneity_p: float | None = None
+    dof: float | None = None  # of the t quantile (Welch-Satterthwaite)
     method: str = "random-effects (DerSimonian-Laird) mean of ABBA quad log-ratios over launch pairs"
     reason: str = ""
 
@@ -102,7 +106,7 @@ def compare_windows(quads_by_pair: Sequence[Sequence[float]], tolerance: float =
     Each pair's mean has its standard error from its own quads; the pairs
     are pooled with weights ``1 / (se^2 + tau2)``, ``tau2`` the
     DerSimonian-Laird between-pair variance, and the interval is a t
-    interval with the quads' degrees of freedom less one per pair. Fewer
+    interval with ``satterthwaite_dof`` degrees of freedom. Fewer
     than ``min_pairs`` pairs, or a pair with fewer than ``MIN_QUADS``
     quads, give "unknown": one launch a side cannot tell a change from an
     effect of that launch.
@@ -129,7 +133,7 @@ def compare_windows(quads_by_pair: Sequence[Sequence[float]], tolerance: float =
     w_re = 1.0 / (var + tau2)
     mean = float(np.sum(w_re * means) / np.sum(w_re))
     se = math.sqrt(1.0 / float(np.sum(w_re)))
-    dof = max(sum(p.quads for p in usable) - len(usable), 1)
+    dof = satterthwaite_dof(var, [p.quads for p in usable], tau2)
     half = float(_sps.t.ppf(0.5 + confidence / 2, dof)) * se
     low, high = math.exp(mean - half), math.exp(mean + half)
     verdict = classify(low, high, tolerance, estimate=math.exp(mean))
@@ -141,7 +145,26 @@ def compare_windows(quads_by_pair: Sequence[Sequence[float]], tolerance: float =
         reason = "; ".join(filter(None, [reason, "interval straddles 1 or a tolerance bound; "
                                          "more quads or launch pairs would narrow it"]))
     return WindowComparison(verdict, math.exp(mean), low, high, confidence, tolerance, quads, pairs,
-                            tau2, het_p, reason=reason)
+                            tau2, het_p, dof, reason=reason)
+
+
+def satterthwaite_dof(se2: Sequence[float], quads: Sequence[int], tau2: float) -> float:
+    """Degrees of freedom of the pooled mean's variance ``1 / sum(w)``,
+    ``w = 1 / (se2 + tau2)``: a sum of the pairs' own variances (each from
+    its quads less one) and ``tau2`` (from the pairs less one), weighted by
+    ``(w / sum(w))^2``. The quads' count less one a pair where ``tau2`` is 0;
+    near the pairs' less one where it dominates. With few pairs and a
+    launch effect, the quads' count made a 99 % interval miss ~7 % of the
+    time in simulation (tests/unit/test_windowstats.py)."""
+    se2_arr, n = np.asarray(se2, dtype=float), np.asarray(quads, dtype=float)
+    w = 1.0 / (se2_arr + tau2)
+    c = (w / w.sum()) ** 2
+    variance = float(np.sum(c * (se2_arr + tau2)))
+    parts = float(np.sum((c * se2_arr) ** 2 / np.maximum(n - 1, 1)))
+    if len(n) > 1:
+        parts += (tau2 * float(c.sum())) ** 2 / (len(n) - 1)
+    most = max(float(np.sum(n - 1)), 1.0)
+    return most if parts <= 0 else min(max(variance ** 2 / parts, 1.0), most)
 
 
 def window_value(step_times: Sequence[float]) -> float:
