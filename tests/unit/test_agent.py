@@ -53,9 +53,10 @@ def test_a_failing_agent_reports_its_exit_code_and_wait_times_out(tmp_path):
 # --- ranks forked from a zygote -------------------------------------------------------
 
 RANK_SCRIPT = """
-import os, signal, sys
+import gc, os, signal, sys
 print("rank", os.environ["RANK"], "ppid", os.getppid(), "preloaded", "torch" in sys.modules,
-      "sees", os.environ["PERFSUITE_TEST_VALUE"], "in", os.getcwd(), "args", sys.argv[1:], flush=True)
+      "sees", os.environ["PERFSUITE_TEST_VALUE"], "in", os.getcwd(), "args", sys.argv[1:],
+      "frozen", gc.get_freeze_count() > 10000, flush=True)
 """
 
 
@@ -87,7 +88,8 @@ def test_a_zygote_forks_torchruns_agent_which_forks_ranks_with_everything_import
     assert proc.wait(timeout=120) == 0 and proc.poll() == 0
     text = (tmp_path / "output.log").read_text()
     for rank in (0, 1):  # forked by the agent, torch already there, the launch's env and folder
-        assert f"rank {rank} ppid {proc.pid} preloaded True sees 42 in {tmp_path} args ['--flag', 'x']" in text
+        assert (f"rank {rank} ppid {proc.pid} preloaded True sees 42 in {tmp_path} args ['--flag', 'x'] "
+                "frozen True") in text  # torch's objects out of the rank's garbage collections
     assert "PERFSUITE_TEST_VALUE" not in os.environ
 
 
