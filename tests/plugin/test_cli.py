@@ -487,6 +487,7 @@ def _git_repo(path):
     return git
 
 
+@pytest.mark.slow
 def test_ab_with_a_missing_ref_names_it_and_a_retry_into_the_same_out_works(tmp_path, capsys, monkeypatch):
     import shutil
     from types import SimpleNamespace

@@ -386,28 +386,32 @@ def test_ab_json_prints_the_verdicts_on_stdout_and_the_rest_on_stderr(tmp_path, 
 
 # -- resident windows (perfsuite.gate.resident), real launches --------------------------
 
+@pytest.mark.slow
 def test_resident_ab_alternates_windows_between_live_launches_and_sees_a_slowdown(tmp_path):
-    """Both sides' launches up together, windows ABBA, two launch pairs; B
-    slowed by half a step is regressed, work counters counted once a side."""
+    """Both sides' launches up together, windows ABBA, two launch pairs (a
+    third where the two differ beyond their own intervals: a launch effect
+    estimated from two pairs leaves a 1-d.o.f. interval); B slowed by half a
+    step is regressed, work counters counted once a side."""
     side_a, side_b = ab.Side("A", sys.executable), ab.Side("B", sys.executable)
     side_b.workload_options = {"fault": "slow:*:0:0.5"}
     started = time.monotonic()
     code = ab.ABSession([tiny_image_cell(world_size=1)], side_a, side_b, tmp_path, mode="resident",
-                        tolerance=0.1, window_steps=3, quads=4, max_pairs=2, log=lambda line: None).run()
+                        tolerance=0.1, window_steps=3, quads=4, max_pairs=3, log=lambda line: None).run()
     record = saved(tmp_path)["cells"][0]
     print(f"resident A/B: {record['quads']} quads over {len(record['pairs'])} pairs in "
           f"{time.monotonic() - started:.0f} s, ratio {record['ratio']:.3f}")
     assert record["mode"] == "resident" and record["verdict"] == "regressed" and code == ab.EXIT_REGRESSED
     assert record["ratio"] > 1.2 and record["ci_low"] > 1.0
-    assert [p["quads"] for p in record["pairs"]] == [4, 4] and record["quads"] == 8
-    assert [p["first"] for p in record["pairs"]] == ["A", "B"]  # which side comes up first alternates
+    pairs = len(record["pairs"])
+    assert pairs in (2, 3) and [p["quads"] for p in record["pairs"]] == [4] * pairs and record["quads"] == 4 * pairs
+    assert [p["first"] for p in record["pairs"]] == ["A", "B", "A"][:pairs]  # which side comes up first alternates
     for pair in record["pairs"]:
         assert "".join(w["side"] for w in pair["windows"]) == "ABBA" * 5  # a settling quad, then 4
         assert [bool(w.get("settling")) for w in pair["windows"]] == [True] * 4 + [False] * 16
         assert all(len(w["steps"]) == 3 and w["value"] > 0 for w in pair["windows"])
     launches = record["launches"]
     assert [(x["side"], x["index"], x["status"]) for x in launches] == [
-        ("A", 1, "ok"), ("B", 1, "ok"), ("A", 2, "ok"), ("B", 2, "ok")]
+        (side, i, "ok") for i in range(1, pairs + 1) for side in "AB"]
     results = {(x["side"], x["index"]): json.loads((Path(x["dir"]) / "result.json").read_text())
                for x in launches}
     # every window a rank ran, the settling quad's too: 5 quads, 2 windows a side, 3 steps

@@ -174,6 +174,7 @@ def test_a_zygote_whose_imported_code_changed_is_replaced_before_it_forks_old_co
         agent.close_zygotes()
 
 
+@pytest.mark.slow
 def test_a_zygote_started_from_a_thread_outlives_it_and_serves_two_threads_at_once(tmp_path, monkeypatch):
     """An A/B session starts its sides' launches from threads. The zygote
     started by side A's first launch must outlive that thread (a parent-death

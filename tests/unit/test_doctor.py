@@ -127,6 +127,7 @@ def doctor_cli(capsys, *args):
 
 # -- this machine, as it is --------------------------------------------------
 
+@pytest.mark.slow
 def test_gate_on_this_machine_says_whether_torch_sees_a_gpu_and_why(capsys):
     code, out = doctor_cli(capsys, "--tier", "gate")
     facts = doctor_facts.torch_facts()

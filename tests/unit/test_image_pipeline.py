@@ -166,6 +166,7 @@ def test_a_gpu_cell_that_waits_on_its_loader_is_flagged():
     assert _wait_check(cell, None) is None  # results from before the share was measured
 
 
+@pytest.mark.slow
 def test_a_real_cell_reports_its_data_share(tmp_path):
     cell = tiny_image_cell(world_size=1)
     result = run_cell(cell, tmp_path, LaunchOptions())

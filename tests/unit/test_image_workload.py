@@ -224,6 +224,7 @@ def _run_in_process(tmp_path, monkeypatch, **changes):
     return image.run(cell, ctx), starts
 
 
+@pytest.mark.slow
 def test_samples_leave_out_partial_batches_and_each_epochs_loader_start(tmp_path, monkeypatch):
     # 6 steps: 1 warm-up; each epoch's last batch (8 of 16 images) is other
     # work; with worker processes, each epoch's first step waits for them

@@ -68,6 +68,7 @@ for i in range(int(sys.argv[3])):
 """
 
 
+@pytest.mark.slow
 def test_concurrent_records_both_land(tmp_path):
     # Two recorders, each re-recording its own cell many times at once: with
     # an unlocked read-merge-write one's rows vanish in some rounds.

@@ -586,6 +586,7 @@ def test_a_profiled_launch_runs_PERFSUITE_NSYS_BIN_into_a_profile_folder_it_made
     assert (profile_dir / "summary.json").is_file()
 
 
+@pytest.mark.slow
 def test_a_launch_that_leaves_only_qdstrm_gets_a_torch_profile_from_a_second_launch(tmp_path, monkeypatch):
     """The GPU cell's second, profile-only launch runs here on the CPU (the
     same cell on device "cpu"), under the real torch.profiler."""

@@ -103,6 +103,7 @@ sys.exit(os.waitstatus_to_exitcode(status))
     return proc.returncode, proc.stdout + proc.stderr, record
 
 
+@pytest.mark.slow
 def test_a_cuda_rank_forked_after_cuda_was_asked_runs_the_worker_in_a_fresh_interpreter(tmp_path):
     """Seen on an H200 with torch 2.11: every forked rank failed with "Cannot
     re-initialize CUDA in forked subprocess". A CUDA rank that finds itself
@@ -115,6 +116,7 @@ def test_a_cuda_rank_forked_after_cuda_was_asked_runs_the_worker_in_a_fresh_inte
     assert code == 1 and record["status"] == "error"
 
 
+@pytest.mark.slow
 def test_a_cpu_rank_forked_after_cuda_was_asked_trains_where_it_was_forked(tmp_path):
     code, output, record = _forked_rank_after_cuda_was_asked(tmp_path, "cpu")
     assert "fresh interpreter" not in output
@@ -140,6 +142,7 @@ def test_the_agent_checks_cuda_through_nvml_and_the_rank_gets_the_users_environm
     assert seen[starting.NVML_CHECK] == "0" and starting.NVML_CHECK_SET not in seen
 
 
+@pytest.mark.slow
 def test_a_forked_rank_imports_nothing_to_hand_in_its_record(tmp_path):
     """What the worker does with a workload's finished record (check it against
     the results schema, write it) needs nothing its zygote did not import:

@@ -186,6 +186,7 @@ def test_the_cache_is_checked_when_a_session_begins_for_pytest_too(tmp_path, fak
 
 # -- one real launch -----------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_sigterm_of_a_real_run_keeps_the_cell_and_writes_the_report(tmp_path):
     out = tmp_path / "out"
     script = Path(sys.executable).with_name("perfsuite")
