@@ -14,6 +14,7 @@ import pytest
 from cellkit import survivors, tiny_image_cell
 
 from perfsuite.launch.launch import LaunchOptions, run_cell
+from tests.unit.conftest import no_baselines
 
 pytestmark = pytest.mark.slow
 
@@ -79,7 +80,7 @@ def test_interrupted_run_keeps_finished_cells_and_resumes(tmp_path, tmp_path_fac
     second = "smoke/image/ddp/c2/fp32/px32/nopin/nchw"
     # judged against no baselines: a step time taken beside the other test
     # workers is no verdict on resuming (CI saw one 3.4x its baseline here)
-    judged = ("--no-probe", "--baselines", str(tmp_path_factory.mktemp("no-baselines")))
+    judged = ("--no-probe", "--baselines", str(no_baselines(tmp_path_factory.mktemp("baselines"))))
     proc = _perfsuite("run", first, second, "--out", str(tmp_path), *judged)
     progress = tmp_path / "cells" / second / "progress-rank1"
     deadline = time.monotonic() + 240

@@ -14,6 +14,7 @@ import pytest
 from perfsuite import cells
 from perfsuite.launch import multinode
 from perfsuite.launch.multinode import Nodes, PlanError
+from tests.unit.conftest import no_baselines
 
 CELL = "smoke/image/ddp/c2/fp32/px32/nopin/nchw"
 
@@ -100,10 +101,8 @@ def test_a_rank_records_the_launcher_that_started_it(tmp_path, monkeypatch):
 def _run(tmp_path, *args, env=None):
     # judged against no baselines: these tests are about the launch path, and a
     # step time or peak memory taken beside the other test workers is no verdict
-    empty = tmp_path / "no-baselines"
-    empty.mkdir(exist_ok=True)
-    return subprocess.Popen([sys.executable, "-m", "perfsuite.cli.main", "run", CELL, "--baselines", str(empty),
-                             *args],
+    return subprocess.Popen([sys.executable, "-m", "perfsuite.cli.main", "run", CELL,
+                             "--baselines", str(no_baselines(tmp_path)), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, **(env or {})})
 
