@@ -168,8 +168,9 @@ def satterthwaite_dof(se2: Sequence[float], quads: Sequence[int], tau2: float) -
 
 
 def window_value(step_times: Sequence[float]) -> float:
-    """One window's value: the median of its steps (a step that met a loader's
-    epoch start, or the first after parking, does not move it)."""
+    """One window's value: the median of its steps (one slow step, such as the
+    first after parking, does not move it; an epoch's first and partial
+    steps are not among them: perfsuite.rank.windows)."""
     arr = np.asarray([t for t in step_times if math.isfinite(t) and t > 0], dtype=float)
     if arr.size == 0:
         raise ValueError(f"a window without a positive step time: {list(step_times)}")

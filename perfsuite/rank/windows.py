@@ -4,8 +4,9 @@
 measured windows between them (perfsuite.gate.resident). A launch started
 that way has ``PERFSUITE_WINDOWS`` (the coordinator's Unix socket) in its
 environment; after its warm-up each rank says so, then waits for a window:
-it runs the steps it is asked for, synchronises (CUDA), sends their times,
-and waits again. While it waits it is parked on a blocking socket read: no
+it runs the steps it is asked for (and in their place any that are other
+work, as the timed loop leaves them out), synchronises (CUDA), sends their
+times, and waits again. While it waits it is parked on a blocking socket read: no
 collective spinning, no GPU kernel, no core held, so the other side measures
 alone. An empty window ends the windows; the workload then goes on as after
 its last step (work counters, accuracy), and its samples are the windows'
@@ -73,15 +74,22 @@ class Windows:
         return max(int(json.loads(line).get("steps", 0)), 0)
 
     def serve(self, step: Callable[[], Any], device: Any) -> list[float]:
-        """Run windows of ``step()`` until told to stop; every measured step's seconds."""
+        """Run windows of ``step()`` until told to stop; every measured step's seconds.
+
+        A step that returns False was other work (an epoch's partial batch, a
+        loader's restart): it runs, but a window's times are the steps asked
+        for without it, as the timed loop leaves such steps out. Every rank
+        and side meet them at the same steps, so the sides stay in step.
+        """
         measured: list[float] = []
         while (steps := self.next_window()) > 0:
-            timer = StepTimer(device, 0)
-            for _ in range(steps):
+            timer, kept = StepTimer(device, 0), []
+            while sum(kept) < steps:
                 timer.mark()
-                step()
+                kept.append(step() is not False)
             timer.mark()
             times = timer.all_step_times()  # synchronises on CUDA: parked with nothing queued
+            times = [t for t, keep in zip(times, kept) if keep]
             self._send({"times": times})
             measured += times
         return measured

@@ -227,14 +227,22 @@ def evaluate(cell: Cell, ctx: RankContext, module: nn.Module, dataset) -> float:
     return float(counts[0] / counts[1])
 
 
+def other_work(partial: bool, epoch_first: bool, loader: DataLoader) -> bool:
+    """Whether a step does other work than the cell's (see MeasuredSteps):
+    an epoch's partial last batch, or its first where the loader's workers
+    start the epoch with nothing fetched. Alike on every rank and side."""
+    return partial or (epoch_first and loader.num_workers > 0)
+
+
 def endless(loader: DataLoader, ctx: RankContext, steps: int):
-    """An epoch's batch iterator once per step, epoch after epoch: the steps
-    of resident windows (perfsuite.rank.windows), which end when told."""
+    """An epoch's batch iterator and whether the step is the epoch's first,
+    once per step, epoch after epoch: the steps of resident windows
+    (perfsuite.rank.windows), which end when told."""
     epoch = 0
     while True:
         batches = epoch_batches(loader, ctx, epoch)
-        for _ in range(steps):
-            yield batches
+        for step in range(steps):
+            yield batches, step == 0
         epoch += 1
 
 
@@ -329,10 +337,13 @@ def run(cell: Cell, ctx: RankContext) -> dict[str, Any]:
         if windows is not None:  # resident A/B: measured windows on the coordinator's word
             stream = endless(loader, ctx, steps)
 
-            def one_step() -> None:
+            def one_step() -> bool:
+                """Trains one step; False where it is other work, not a window's."""
                 ctx.report_progress(step_index, "window")
                 faults.at_step(fault, ctx.rank, step_index)
-                step_on(*next_batch(next(stream)))
+                batches, first = next(stream)
+                step_on(*next_batch(batches))
+                return not other_work(partial, first, loader)
 
             for _ in range(cell.warmup_steps):
                 one_step()
@@ -348,8 +359,8 @@ def run(cell: Cell, ctx: RankContext) -> dict[str, Any]:
                     waits.mark()
                     with phase("data"):
                         images, labels = next_batch(batches, waits)
-                    if partial or (step == 0 and loader.num_workers > 0):
-                        measured.leave_out(step_index)  # other work: see MeasuredSteps
+                    if other_work(partial, step == 0, loader):
+                        measured.leave_out(step_index)
                     step_on(images, labels)
                     profiler.step()
                 timer.mark()

@@ -240,6 +240,52 @@ def test_in_process_loading_keeps_each_epochs_first_step(tmp_path, monkeypatch):
     assert record["steps"] == 6 - 1 - 2 and starts == []
 
 
+def _resident_in_process(tmp_path, monkeypatch, loader_workers, windows=2, steps=3):
+    """The workload resident for an A/B session in this process: a
+    coordinator asks for ``windows`` windows of ``steps`` steps."""
+    import threading
+
+    from perfsuite.gate.resident import Coordinator
+
+    coordinator = Coordinator()
+    try:
+        for key, value in coordinator.env("A").items():
+            monkeypatch.setenv(key, value)
+        done = {}
+        worker = threading.Thread(target=lambda: done.update(
+            run=_run_in_process(tmp_path, monkeypatch, loader_workers=loader_workers)), daemon=True)
+        worker.start()
+        coordinator.wait_ready(lambda side: worker.is_alive(), timeout_s=60, sides=("A",))
+        replies = [coordinator.window("A", steps, timeout_s=60) for _ in range(windows)]
+        coordinator.stop()
+        worker.join(60)
+    finally:
+        coordinator.close()
+    record, _ = done["run"]
+    return record, replies
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loader_workers,steps_run", [
+    # 3 batches an epoch (16, 16, 8 images); 1 warm-up step. With a worker,
+    # an epoch's first step and its partial last are other work: one step an
+    # epoch is the cell's, so 6 window steps take 6 epochs less the warm-up's
+    (1, 6 * 3 - 1),
+    # in-process loading: only the partial batches are other work
+    (0, 1 + 9),
+])
+def test_resident_windows_leave_out_what_the_timed_loop_leaves_out(tmp_path, monkeypatch,
+                                                                     loader_workers, steps_run):
+    """A window holds the cell's own steps only: an epoch's partial batch
+    and, with loader workers, its first step (the workers' restart: 0.4-0.7 s
+    against 138 ms steps on an H100) run in their place but are not among the
+    window's times, as the timed loop leaves them out of its samples."""
+    record, replies = _resident_in_process(tmp_path, monkeypatch, loader_workers)
+    assert [len(per_rank[0]) for per_rank in replies] == [3, 3]
+    assert record["steps"] == 6 == len(record["metrics"]["step_time"]["samples"])
+    assert len(record["metrics"]["loss"]["samples"]) == steps_run  # every step trained
+
+
 # -- the learning rate over a run -------------------------------------------
 
 def test_an_unknown_lr_decay_is_refused_naming_the_choices():
