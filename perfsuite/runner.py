@@ -345,8 +345,10 @@ class Runner:
         and ``history_purpose`` when one was asked for); the line saying where
         and how, or why it was not kept. ``commit``, ``branch``: what it is stored
         under (default: git's here, the commit then the run's env)."""
+        from perfsuite.history.schema import history_off
+
         marked = self.finish(interrupted)
-        if url == "off" or not any(not r.get("partner") for r in self.results):
+        if history_off(url) or not any(not r.get("partner") for r in self.results):
             return None
         if interrupted:
             return ("history: not stored: the session was interrupted (a partial run); the same command "

@@ -384,7 +384,10 @@ def check_history(url: str | None) -> Check:
 
     named = "$PERFSUITE_HISTORY" if url else "the default store"
     try:
-        return Check("history", OK, f"runs are added to {check_store_usable(url)} ({named})")
+        shown = check_store_usable(url)
+        if shown is None:  # $PERFSUITE_HISTORY=off
+            return Check("history", OK, "runs are kept in no history ($PERFSUITE_HISTORY=off)")
+        return Check("history", OK, f"runs are added to {shown} ({named})")
     except HistoryError as err:
         return Check("history", BLOCKER, f"{named}: {err}", "set $PERFSUITE_HISTORY to a store you can "
                      "write, or pass --history off (pytest: --perf-history off)")

@@ -147,6 +147,16 @@ def _inside(path: Path, folder: Path) -> bool:
 MIGRATIONS: dict[int, Callable[[sa.Connection], None]] = {0: _migrate_0_to_1, 1: _migrate_1_to_2}
 
 
+OFF = "off"  # as a store (--history off, $PERFSUITE_HISTORY=off): none
+
+
+def history_off(url: str | os.PathLike | None) -> bool:
+    """Whether no history is kept: ``url`` is "off", or it is None and
+    ``$PERFSUITE_HISTORY`` is "off"."""
+    asked = os.environ.get(HISTORY_ENV) if url is None or str(url) == "" else url
+    return asked is not None and str(asked) == OFF
+
+
 def resolve_url(url: str | os.PathLike | None) -> str:
     """A database URL: None for ``$PERFSUITE_HISTORY``, else
     ``.perfsuite/history.sqlite`` under the current directory; a file path
@@ -154,6 +164,10 @@ def resolve_url(url: str | os.PathLike | None) -> str:
     (``postgresql://user@host/db``; psycopg 3, perfsuite's postgres extra,
     serves it where psycopg2 is not installed; with neither, HistoryError
     names the extra)."""
+    if history_off(url):
+        named = "--history off" if url is not None and str(url) != "" else f"${HISTORY_ENV} is off"
+        raise HistoryError(f"{named}: no history store to use; name one with --history (a file path or "
+                           "a database URL)")
     if url is None or str(url) == "":
         url = os.environ.get(HISTORY_ENV) or DEFAULT_PATH
     text = str(url)

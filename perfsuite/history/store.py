@@ -57,6 +57,7 @@ from perfsuite.history.schema import (
     DEFAULT_PURPOSE,
     cells,
     check_usable,
+    history_off,
     metrics,
     open_engine,
     resolve_url,
@@ -416,7 +417,7 @@ def check_store_usable(url: str | os.PathLike | None) -> str | None:
     "off"), or HistoryError with the sentence (an unknown database kind, a
     driver not installed, a file that cannot be made or written, a database
     not perfsuite's). ``perfsuite run`` and ``perfsuite doctor`` call it."""
-    if url is not None and str(url) == "off":
+    if history_off(url):
         return None
     resolved = resolve_url(url)
     check_usable(resolved)

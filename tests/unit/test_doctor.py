@@ -447,6 +447,14 @@ def test_a_history_store_that_cannot_be_used_is_a_blocker(machine, tmp_path, mon
     assert code == 1
 
 
+def test_history_off_in_the_environment_is_said_as_off(machine, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PERFSUITE_HISTORY", "off")
+    check = by_name(doctor.run_checks(tier="smoke"))["history"]
+    assert check.status == doctor.OK and check.message == "runs are kept in no history ($PERFSUITE_HISTORY=off)"
+    assert not (tmp_path / "off").exists() and not (tmp_path / ".perfsuite").exists()
+
+
 def test_a_usable_history_store_is_ok_and_not_created(machine, tmp_path, monkeypatch):
     monkeypatch.setenv("PERFSUITE_HISTORY", str(tmp_path / "new" / "h.sqlite"))
     check = by_name(doctor.run_checks(tier="smoke"))["history"]

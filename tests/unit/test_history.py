@@ -526,6 +526,32 @@ def test_a_session_is_stored_with_the_purpose_its_options_and_output_folder_give
     assert "left out: 1 ad-hoc run(s), 2 experiment run(s)" in capsys.readouterr().out
 
 
+def test_history_off_in_the_environment_keeps_no_history(tmp_path, fake, monkeypatch, capsys):
+    """$PERFSUITE_HISTORY=off means what --history off means: a session is
+    kept nowhere (it once made an SQLite file named "off"), and a history
+    command without a store says which to name."""
+    from perfsuite.launch.launch import LaunchOptions
+    from perfsuite.runner import Runner
+    from tests.unit.cellkit import tiny_image_cell
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PERFSUITE_HISTORY", "off")
+    (tmp_path / "none").mkdir()
+    runner = Runner(tmp_path / "out", LaunchOptions(), probe=False, baselines=tmp_path / "none")
+    runner.result(tiny_image_cell(world_size=1))
+    try:
+        assert runner.add_to_history(None) is None
+    finally:
+        runner.end()
+    assert history.check_store_usable(None) is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["none", "out"]
+    with pytest.raises(HistoryError, match=r"\$PERFSUITE_HISTORY is off.*--history"):
+        history_schema.resolve_url(None)
+    assert cli.main(["history", "show", CELLS[0]]) == 2
+    assert "$PERFSUITE_HISTORY is off" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["none", "out"]
+
+
 def v1_layout(path):
     """Bring a store back to layout version 1: runs without purpose and options."""
     with sqlite3.connect(path) as conn:
