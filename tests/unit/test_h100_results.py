@@ -33,22 +33,26 @@ from perfsuite.judge.checks import FindingRatio
 from perfsuite.judge.judging import judge
 from perfsuite.results import load
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "h100-2026-11-25"
+DATA = Path(__file__).resolve().parents[1] / "data"
+FIRST, SECOND = "h100-2026-11-25", "h100-2026-11-26"  # the days' folders under DATA
 PROFILE = "h100-80gb-hbm3-80gb-x1"
 FOLDER = bl.PROJECT_BASELINES / PROFILE
 PIN = "gate/image/ddp-ds/g1/fp32/px500/pin/nchw"
 FINDINGS = ("fp32-faster-than-fp64-1gpu", "fp16-faster-than-fp64-1gpu", "pin-memory-gain-1gpu")
-# The folder's recording: the repeated launches first (their spread), then the
-# single launch that replaces their rows, each file dated by its run's start.
-RECORDED_FROM = ("px500-b64-g1-repeats4", "px500-b64-g1", "gate-image-g1", "gate-llm-g1")
+# The folder's recording: the repeated launches first (their spread), the
+# second day's 500 px cells (their work counters: the first day's 500 px runs
+# had no counting window), then the first day's single launches, which
+# replace those cells' times, each file dated by its run's start.
+RECORDED_FROM = ((FIRST, "px500-b64-g1-repeats4"), (SECOND, "gate-px500-g1"), (FIRST, "px500-b64-g1"),
+                 (FIRST, "gate-image-g1"), (FIRST, "gate-llm-g1"))
 
 
-def results(name: str) -> dict:
-    return load(DATA / f"{name}.results.json")
+def results(name: str, day: str = FIRST) -> dict:
+    return load(DATA / day / f"{name}.results.json")
 
 
-def by_id(name: str) -> dict[str, dict]:
-    return {c["id"]: c for c in results(name)["cells"]}
+def by_id(name: str, day: str = FIRST) -> dict[str, dict]:
+    return {c["id"]: c for c in results(name, day)["cells"]}
 
 
 @pytest.fixture(scope="module")
@@ -66,10 +70,10 @@ def judged(result: dict, twins: dict[str, dict], sets: list) -> dict[str, dict]:
 
 
 def test_the_results_name_the_one_gpu_profile_their_env_called_pcie():
-    for name in RECORDED_FROM:
-        run = results(name)
-        assert run["env"]["interconnect"] == "pcie" and run["env"]["gpu_count"] == 1
-        assert bl.run_profile(run) == profile_id(run["env"]) == PROFILE
+    for day, name in RECORDED_FROM:
+        run = results(name, day)
+        assert run["env"]["gpu_count"] == 1 and bl.run_profile(run) == profile_id(run["env"]) == PROFILE
+        assert run["env"].get("interconnect") == ("pcie" if day == FIRST else None)  # a lone GPU: no link now
 
 
 def test_repeated_launches_are_judged_against_the_recorded_single_launch(sets):
@@ -138,8 +142,8 @@ def test_gpu_work_counters_are_kept_per_software_stack(sets):
 
 
 def test_the_folder_is_what_recording_makes_of_these_files(tmp_path):
-    for name in RECORDED_FROM:
-        run = results(name)
+    for day, name in RECORDED_FROM:
+        run = results(name, day)
         started = datetime.datetime.fromtimestamp(run["run"]["started"], datetime.timezone.utc)
         recording.record_run(run, PROFILE, root=tmp_path, launch_statistic="median",
                              date=started.strftime("%Y-%m-%dT%H:%M:%SZ"))
@@ -151,3 +155,39 @@ def test_the_folder_is_what_recording_makes_of_these_files(tmp_path):
     assert made.launch_spread == kept.launch_spread and kept.launch_statistic == "median"
     profile = json.loads((FOLDER / "profile.json").read_text())
     assert profile["kind"] == "recorded" and "tests/data/h100-2026-11-25/" in profile["description"]
+    assert "tests/data/h100-2026-11-26/" in profile["description"]
+
+
+def test_the_second_days_500_px_cells_are_judged_by_time_and_by_their_counters(sets):
+    """The gate tier's 500 px cells on the same H100 a day later (perfsuite at
+    7b2c82d): their times against the first day's launches, their work
+    counters against the counters they were recorded with (exact: the same
+    calls, ops and bytes a step, so "pass" means the step did the same work)."""
+    gate = by_id("gate-px500-g1", SECOND)
+    assert sorted(gate) == ["gate/image/ddp-ds/g1/fp32/px500/nopin/nchw", PIN,
+                            "gate/image/ddp-ds/g1/fp64/px500/nopin/nchw"]
+    for cell in gate.values():
+        checks = judged(cell, gate, sets)
+        assert checks["work_counters"]["verdict"] == "pass", checks["work_counters"]["message"]
+        assert checks["step_time"]["verdict"] == "same", checks["step_time"]["message"]
+        assert checks["step_time"]["baseline"].startswith("recorded run 2026-11-25")
+    stepped = {c: 1e3 * gate[c]["metrics"]["step_time"]["value"] for c in gate}
+    assert 137.5 < stepped[PIN] < 138.5  # 138.4 ms the first day (four launches 138.21-138.45)
+
+
+@pytest.mark.parametrize("session,verdict,pairs", [
+    ("ab-unchanged-1", "same", 2), ("ab-slow2", "regressed", 2), ("ab-unchanged-2", "same", 3)])
+def test_resident_ab_sessions_on_the_h100_judge_again_as_they_judged(session, verdict, pairs):
+    """Three `perfsuite selftest verdict-detection --ab` sessions on the
+    pinned 500 px cell (1 % tolerance, 16 quads a pair): their windows,
+    judged again by today's rule, give the verdict and interval they gave."""
+    from perfsuite.gate.resident import judged as weighed
+    from perfsuite.judge.windowstats import compare_windows, quad_log_ratios
+
+    ab = json.loads((DATA / SECOND / f"{session}.json").read_text())
+    cell = ab["cells"][0]
+    assert (cell["id"], cell["mode"], cell["verdict"], len(cell["pairs"])) == (PIN, "resident", verdict, pairs)
+    quads = [quad_log_ratios([(w["side"], w["value"]) for w in weighed(p["windows"])]) for p in cell["pairs"]]
+    again = compare_windows(quads, ab["settings"]["tolerance"], cell["confidence"])
+    assert again.verdict == verdict
+    assert (again.ci_low, again.ci_high) == pytest.approx((cell["ci_low"], cell["ci_high"]), rel=1e-9)
