@@ -31,6 +31,11 @@ SOCKET_ENV = "PERFSUITE_WINDOWS"  # the coordinator's socket path
 SIDE_ENV = "PERFSUITE_WINDOWS_SIDE"  # "A" or "B"
 
 
+# A window runs at most this many times its steps: where a loader's epochs
+# are one or two batches every step is an epoch's first or partial one.
+OTHER_WORK_LIMIT = 3
+
+
 class WindowsLost(RuntimeError):
     """The coordinator went away (the A/B session ended or was interrupted)."""
 
@@ -79,17 +84,20 @@ class Windows:
         A step that returns False was other work (an epoch's partial batch, a
         loader's restart): it runs, but a window's times are the steps asked
         for without it, as the timed loop leaves such steps out. Every rank
-        and side meet them at the same steps, so the sides stay in step.
+        and side meet them at the same steps, so the sides stay in step. A
+        window that finds too few steps of the cell's own within
+        ``OTHER_WORK_LIMIT`` times its steps times every step it ran.
         """
         measured: list[float] = []
         while (steps := self.next_window()) > 0:
             timer, kept = StepTimer(device, 0), []
-            while sum(kept) < steps:
+            while sum(kept) < steps and len(kept) < OTHER_WORK_LIMIT * steps:
                 timer.mark()
                 kept.append(step() is not False)
             timer.mark()
             times = timer.all_step_times()  # synchronises on CUDA: parked with nothing queued
-            times = [t for t, keep in zip(times, kept) if keep]
+            if sum(kept) == steps:  # else epochs of boundaries alone (one or two batches): all count
+                times = [t for t, keep in zip(times, kept) if keep]
             self._send({"times": times})
             measured += times
         return measured

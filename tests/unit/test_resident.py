@@ -61,6 +61,39 @@ def test_windows_alternate_and_each_side_measures_its_own_steps():
         ("A", 0): 12, ("A", 1): 12, ("B", 0): 12, ("B", 1): 12}  # 2 quads, 2 windows a side, 3 steps
 
 
+@pytest.mark.parametrize("pattern,calls,kept", [
+    # every third step other work (an epoch's first or partial batch): run, not timed
+    ((True, True, False), 4, 3),
+    # nothing but epoch boundaries: the window stops at 3x its steps and every step counts
+    ((False,), 9, 9),
+])
+def test_a_window_times_the_cells_own_steps_and_runs_others_in_their_place(pattern, calls, kept):
+    coordinator = Coordinator()
+    served, ran = {}, []
+
+    def step():
+        ran.append(1)
+        return pattern[(len(ran) - 1) % len(pattern)]
+
+    def rank():
+        windows = Windows.from_env(0, 1, coordinator.env("A"))
+        try:
+            served["A"] = windows.serve(step, CPU)
+        finally:
+            windows.close()
+
+    thread = threading.Thread(target=rank, daemon=True)
+    thread.start()
+    try:
+        coordinator.wait_ready(lambda side: True, timeout_s=30, sides=("A",))
+        (times,) = coordinator.window("A", 3, timeout_s=30)
+        coordinator.stop()
+        thread.join(30)
+    finally:
+        coordinator.close()
+    assert (len(ran), len(times), len(served["A"])) == (calls, kept, kept)
+
+
 def test_a_launch_that_ends_before_its_ranks_are_ready_is_named():
     coordinator = Coordinator()
     try:
