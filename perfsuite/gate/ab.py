@@ -262,11 +262,12 @@ class ABSession:
             if pair < MIN_PAIRS:
                 self.write()
                 continue
-            cmp = compare_windows(quads_by_pair, self.tolerance, confidence, min_pairs=MIN_PAIRS)
+            cmp = compare_windows(quads_by_pair, self.tolerance, confidence, min_pairs=MIN_PAIRS,
+                                  firsts=[p["first"] for p in record["pairs"]])
             record.update(verdict=cmp.verdict, ratio=_finite(cmp.ratio), ci_low=_finite(cmp.ci_low),
                           ci_high=_finite(cmp.ci_high), confidence=confidence, method=cmp.method,
                           quads=cmp.quads, tau2=cmp.tau2, heterogeneity_p=cmp.heterogeneity_p, dof=cmp.dof,
-                          reason=cmp.reason or None)
+                          order_effect=cmp.order_effect, reason=cmp.reason or None)
             self.write()
             self.log(f"  after pair {pair}: {cmp.verdict.upper()}  {_interval(record)}")
             if cmp.verdict in DECIDED:

@@ -35,6 +35,11 @@ MIN_QUADS = 4  # a pair's own interval needs a few quads (3 d.o.f.)
 # Pairs whose means differ beyond their own intervals at this level are
 # called heterogeneous: a launch-level effect is there.
 HETEROGENEITY_P = 0.01
+# The launch order is modelled from two pairs each way: with three, the
+# launch effect beside it rests on one degree of freedom, and simulated 99 %
+# intervals missed 4.9 % of the time (four pairs: 3.4 %; test_windowstats.py).
+ORDER_MODEL_PAIRS = 4
+METHOD = "random-effects (DerSimonian-Laird) mean of ABBA quad log-ratios over launch pairs"
 
 
 def quad_log_ratios(windows: Sequence[tuple[str, float]]) -> list[float]:
@@ -92,15 +97,17 @@ class WindowComparison:
     tau2: float = 0.0  # between-pair variance of the log-ratio
     heterogeneity_p: float | None = None
     dof: float | None = None  # of the t quantile (Welch-Satterthwaite)
-    method: str = "random-effects (DerSimonian-Laird) mean of ABBA quad log-ratios over launch pairs"
+    method: str = METHOD
     reason: str = ""
+    order_effect: float | None = None  # A-first pairs' ratio over B-first pairs', where modelled
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 def compare_windows(quads_by_pair: Sequence[Sequence[float]], tolerance: float = DEFAULT_TOLERANCE,
-                    confidence: float = DEFAULT_CONFIDENCE, *, min_pairs: int = 2) -> WindowComparison:
+                    confidence: float = DEFAULT_CONFIDENCE, *, min_pairs: int = 2,
+                    firsts: Sequence[str] | None = None) -> WindowComparison:
     """Judge B against A from the quad log-ratios of each launch pair.
 
     Each pair's mean has its standard error from its own quads; the pairs
@@ -110,10 +117,20 @@ def compare_windows(quads_by_pair: Sequence[Sequence[float]], tolerance: float =
     than ``min_pairs`` pairs, or a pair with fewer than ``MIN_QUADS``
     quads, give "unknown": one launch a side cannot tell a change from an
     effect of that launch.
+
+    ``firsts`` names the side whose launch came up first in each pair.
+    ``perfsuite ab`` alternates it, so an effect of the order (on the 2-core
+    VM the side that came up first ran ~0.85 % slower, in 18 sessions of 18)
+    cancels in the mean; from ``ORDER_MODEL_PAIRS`` pairs with both orders it
+    is a term of the model (``pool_by_order``) rather than launch-to-launch
+    variance.
     """
     pairs = [pair_estimate(d, confidence) for d in quads_by_pair]
+    if firsts is not None and len(firsts) != len(pairs):
+        raise ValueError(f"{len(pairs)} pairs, {len(firsts)} launch orders")
     quads = sum(p.quads for p in pairs)
-    usable = [p for p in pairs if p.quads >= MIN_QUADS and math.isfinite(p.log_se)]
+    kept = [i for i, p in enumerate(pairs) if p.quads >= MIN_QUADS and math.isfinite(p.log_se)]
+    usable = [pairs[i] for i in kept]
 
     def unknown(reason: str, ratio: float = math.nan) -> WindowComparison:
         return WindowComparison("unknown", ratio, 0.0, math.inf, confidence, tolerance, quads, pairs,
@@ -124,28 +141,92 @@ def compare_windows(quads_by_pair: Sequence[Sequence[float]], tolerance: float =
                        f"{min_pairs}: effects of one launch are not seen in its own windows")
     means = np.array([p.log_mean for p in usable])
     var = np.maximum(np.array([p.log_se for p in usable]) ** 2, 1e-18)
+    counts = [p.quads for p in usable]
+    orders = [firsts[i] for i in kept] if firsts is not None else []
+    if len(usable) >= ORDER_MODEL_PAIRS and set(orders) == {"A", "B"}:
+        pooled = pool_by_order(means, var, counts, [o == "A" for o in orders])
+    else:
+        pooled = pool(means, var, counts)
+    half = float(_sps.t.ppf(0.5 + confidence / 2, pooled.dof)) * pooled.se
+    low, high = math.exp(pooled.mean - half), math.exp(pooled.mean + half)
+    verdict = classify(low, high, tolerance, estimate=math.exp(pooled.mean))
+    reasons = []
+    if pooled.order_p is not None and pooled.order_p < HETEROGENEITY_P:
+        reasons.append(f"pairs with A launched first read {pooled.order_effect:.4g}x those with B launched "
+                       f"first (p {pooled.order_p:.2g}): an effect of the launch order, which alternates, "
+                       "taken out of the interval")
+    if pooled.heterogeneity_p is not None and pooled.heterogeneity_p < HETEROGENEITY_P:
+        reasons.append(f"the launch pairs disagree (ratios {', '.join(f'{p.ratio:.4g}' for p in usable)}; "
+                       f"heterogeneity p {pooled.heterogeneity_p:.2g}): a launch-level effect, counted in "
+                       "the interval")
+    if verdict == "unknown":
+        reasons.append("interval straddles 1 or a tolerance bound; more quads or launch pairs would narrow it")
+    method = METHOD + (", the launch order a fixed effect" if pooled.order_effect is not None else "")
+    return WindowComparison(verdict, math.exp(pooled.mean), low, high, confidence, tolerance, quads, pairs,
+                            pooled.tau2, pooled.heterogeneity_p, pooled.dof, method, "; ".join(reasons),
+                            pooled.order_effect)
+
+
+@dataclass(frozen=True)
+class Pooled:
+    """The pairs' pooled log-ratio and what its interval needs."""
+
+    mean: float
+    se: float
+    tau2: float
+    heterogeneity_p: float | None
+    dof: float
+    order_effect: float | None = None  # A-first pairs' ratio over B-first pairs'
+    order_p: float | None = None
+
+
+def _tau2(q_stat: float, dof: int, c: float) -> float:
+    """DerSimonian-Laird's moment estimate of the between-pair variance."""
+    return max(0.0, (q_stat - dof) / c) if dof > 0 and c > 0 else 0.0
+
+
+def pool(means: np.ndarray, var: np.ndarray, quads: Sequence[int]) -> Pooled:
+    """The random-effects mean of the pairs' means."""
     w = 1.0 / var
     fixed = float(np.sum(w * means) / np.sum(w))
     q_stat = float(np.sum(w * (means - fixed) ** 2))
-    dof_q = len(usable) - 1
+    dof_q = len(means) - 1
     het_p = float(_sps.chi2.sf(q_stat, dof_q)) if dof_q > 0 else None
-    tau2 = max(0.0, (q_stat - dof_q) / (np.sum(w) - np.sum(w ** 2) / np.sum(w))) if dof_q > 0 else 0.0
+    tau2 = _tau2(q_stat, dof_q, float(np.sum(w) - np.sum(w ** 2) / np.sum(w)))
     w_re = 1.0 / (var + tau2)
     mean = float(np.sum(w_re * means) / np.sum(w_re))
-    se = math.sqrt(1.0 / float(np.sum(w_re)))
-    dof = satterthwaite_dof(var, [p.quads for p in usable], tau2)
-    half = float(_sps.t.ppf(0.5 + confidence / 2, dof)) * se
-    low, high = math.exp(mean - half), math.exp(mean + half)
-    verdict = classify(low, high, tolerance, estimate=math.exp(mean))
-    reason = ""
-    if het_p is not None and het_p < HETEROGENEITY_P:
-        reason = (f"the launch pairs disagree (ratios {', '.join(f'{p.ratio:.4g}' for p in usable)}; "
-                  f"heterogeneity p {het_p:.2g}): a launch-level effect, counted in the interval")
-    if verdict == "unknown":
-        reason = "; ".join(filter(None, [reason, "interval straddles 1 or a tolerance bound; "
-                                         "more quads or launch pairs would narrow it"]))
-    return WindowComparison(verdict, math.exp(mean), low, high, confidence, tolerance, quads, pairs,
-                            tau2, het_p, dof, reason=reason)
+    return Pooled(mean, math.sqrt(1.0 / float(np.sum(w_re))), tau2, het_p, satterthwaite_dof(var, quads, tau2))
+
+
+def pool_by_order(means: np.ndarray, var: np.ndarray, quads: Sequence[int], a_first: Sequence[bool]) -> Pooled:
+    """The mean over the two launch orders: each order's pairs pooled with
+    weights ``1 / (se^2 + tau2)``, the result their average, so that an
+    effect of the order cancels as the alternation meant it to. ``tau2`` is
+    estimated from the pairs' scatter within their order (pairs less two
+    degrees of freedom): what the order does not explain is a launch effect."""
+    group = np.asarray(a_first, dtype=bool)
+    sides = (group, ~group)
+
+    def order_means(w: np.ndarray) -> tuple[np.ndarray, list[float], list[float]]:
+        totals = [float(np.sum(w[g])) for g in sides]
+        m = [float(np.sum(w[g] * means[g])) / t for g, t in zip(sides, totals)]
+        return np.where(group, m[0], m[1]), m, totals
+
+    w = 1.0 / var
+    fitted, _, totals = order_means(w)
+    q_stat = float(np.sum(w * (means - fitted) ** 2))
+    dof_q = len(means) - 2
+    het_p = float(_sps.chi2.sf(q_stat, dof_q)) if dof_q > 0 else None
+    c = float(np.sum(w)) - sum(float(np.sum(w[g] ** 2)) / t for g, t in zip(sides, totals))
+    tau2 = _tau2(q_stat, dof_q, c)
+    w_re = 1.0 / (var + tau2)
+    _, m, totals = order_means(w_re)
+    coef = w_re / (2.0 * np.where(group, totals[0], totals[1]))  # each pair's share of the mean
+    se = math.sqrt(float(np.sum(coef ** 2 * (var + tau2))))
+    se_diff = math.sqrt(1.0 / totals[0] + 1.0 / totals[1])
+    order_p = float(2 * _sps.norm.sf(abs(m[0] - m[1]) / se_diff))
+    dof = _satterthwaite(coef ** 2, var, quads, tau2, dof_q)
+    return Pooled((m[0] + m[1]) / 2, se, tau2, het_p, dof, math.exp(m[0] - m[1]), order_p)
 
 
 def satterthwaite_dof(se2: Sequence[float], quads: Sequence[int], tau2: float) -> float:
@@ -156,13 +237,20 @@ def satterthwaite_dof(se2: Sequence[float], quads: Sequence[int], tau2: float) -
     near the pairs' less one where it dominates. With few pairs and a
     launch effect, the quads' count made a 99 % interval miss ~7 % of the
     time in simulation (tests/unit/test_windowstats.py)."""
-    se2_arr, n = np.asarray(se2, dtype=float), np.asarray(quads, dtype=float)
+    se2_arr = np.asarray(se2, dtype=float)
     w = 1.0 / (se2_arr + tau2)
-    c = (w / w.sum()) ** 2
-    variance = float(np.sum(c * (se2_arr + tau2)))
-    parts = float(np.sum((c * se2_arr) ** 2 / np.maximum(n - 1, 1)))
-    if len(n) > 1:
-        parts += (tau2 * float(c.sum())) ** 2 / (len(n) - 1)
+    return _satterthwaite((w / w.sum()) ** 2, se2_arr, quads, tau2, len(se2_arr) - 1)
+
+
+def _satterthwaite(coef2: np.ndarray, se2: np.ndarray, quads: Sequence[int], tau2: float,
+                   tau_dof: int) -> float:
+    """Welch-Satterthwaite for ``sum(coef2 * (se2 + tau2))``: each ``se2``
+    from its pair's quads less one, ``tau2`` from ``tau_dof``."""
+    n = np.asarray(quads, dtype=float)
+    variance = float(np.sum(coef2 * (se2 + tau2)))
+    parts = float(np.sum((coef2 * se2) ** 2 / np.maximum(n - 1, 1)))
+    if tau_dof > 0:
+        parts += (tau2 * float(coef2.sum())) ** 2 / tau_dof
     most = max(float(np.sum(n - 1)), 1.0)
     return most if parts <= 0 else min(max(variance ** 2 / parts, 1.0), most)
 

@@ -144,3 +144,63 @@ def test_the_interval_covers_the_truth_about_as_often_as_it_says_under_a_launch_
                               tolerance=0.01, confidence=0.99)
         missed += not (cmp.ci_low <= 1.0 <= cmp.ci_high)
     assert missed / trials <= 0.05
+
+
+# -- the order the sides' launches came up in ----------------------------------------------------
+
+FIRSTS = ["A", "B", "A", "B"]  # as perfsuite ab alternates them
+
+
+def ordered_pairs(rng, ratio, order_effect, pairs=4, quads=16, sd=0.01, launch_sd=0.0):
+    """Pairs whose log-ratio moves by ``order_effect`` (log) when A came up
+    first, less when B did, as measured on the 2-core VM (18 of 18 sessions:
+    pairs with A first read 1.7 % lower than those with B first)."""
+    offsets = [(order_effect if first == "A" else -order_effect) / 2 + rng.normal(0, launch_sd)
+               for first in FIRSTS[:pairs]]
+    return noisy_pairs(rng, ratio, pairs=pairs, quads=quads, sd=sd, pair_offsets=offsets)
+
+
+def test_an_effect_of_which_side_came_up_first_is_taken_out_not_counted_as_launch_noise():
+    """Four pairs, A first in two and B first in two, whose means differ
+    by the launch order alone: unknown while that difference counted as
+    launch-to-launch variance (two in one way, two the other); with the
+    order in the model the session says same, and names the order effect."""
+    rng = np.random.default_rng(11)
+    pairs = ordered_pairs(rng, 1.0, -0.017, sd=0.008)
+    blind = compare_windows(pairs, tolerance=0.02, confidence=0.983)
+    seen = compare_windows(pairs, tolerance=0.02, confidence=0.983, firsts=FIRSTS)
+    assert blind.verdict == "unknown" and blind.tau2 > 0
+    assert seen.verdict == "same" and seen.ci_high - seen.ci_low < 0.02
+    assert seen.order_effect == pytest.approx(math.exp(-0.017), abs=0.004)
+    assert "launched first" in seen.reason
+
+
+def test_with_too_few_pairs_or_one_order_the_order_is_not_modelled():
+    rng = np.random.default_rng(12)
+    three = ordered_pairs(rng, 1.0, -0.017, pairs=3)
+    # A B A: the launch effect beside the order would rest on one degree of freedom
+    assert compare_windows(three, firsts=FIRSTS[:3]) == compare_windows(three)
+    four = ordered_pairs(rng, 1.0, 0.0, pairs=4)
+    assert compare_windows(four, firsts=["A"] * 4) == compare_windows(four)
+    assert compare_windows(four, firsts=FIRSTS).order_effect is not None
+    with pytest.raises(ValueError, match="3 pairs, 2 launch orders"):
+        compare_windows(three, firsts=["A", "B"])
+
+
+@pytest.mark.parametrize("order_effect,launch_sd,at_most", [
+    (-0.017, 0.0, 0.02), (0.0, 0.0, 0.02), (-0.017, 0.003, 0.05), (0.0, 0.003, 0.05)])
+def test_the_order_model_covers_the_truth_about_as_often_as_it_says(order_effect, launch_sd, at_most):
+    """Simulated unchanged sessions of 4 pairs (16 quads of 1 % s.d. each,
+    the quiet VM's), with and without an order effect and a launch effect
+    besides: how often the 99 % interval misses 1.0. Measured over 1500
+    sessions each: 0.7 % with neither effect (the model without the order:
+    0.9 %); 3.4 % with a 0.3 % launch effect (without the order: 2.7 %, and
+    no miss but an interval too wide to call same where the order moves the
+    pairs): few pairs estimate a launch effect roughly, either way."""
+    rng = np.random.default_rng(13)
+    trials, missed = 600, 0
+    for _ in range(trials):
+        cmp = compare_windows(ordered_pairs(rng, 1.0, order_effect, launch_sd=launch_sd), tolerance=0.02,
+                              confidence=0.99, firsts=FIRSTS)
+        missed += not (cmp.ci_low <= 1.0 <= cmp.ci_high)
+    assert missed / trials <= at_most
