@@ -120,7 +120,7 @@ def compare_windows(quads_by_pair: Sequence[Sequence[float]], tolerance: float =
 
     ``firsts`` names the side whose launch came up first in each pair.
     ``perfsuite ab`` alternates it, so an effect of the order (on the 2-core
-    VM the side that came up first ran ~0.85 % slower, in 18 sessions of 18)
+    VM the side that came up first ran ~1 % slower in nearly every session)
     cancels in the mean; from ``ORDER_MODEL_PAIRS`` pairs with both orders it
     is a term of the model (``pool_by_order``) rather than launch-to-launch
     variance.

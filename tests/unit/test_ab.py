@@ -424,7 +424,7 @@ def test_resident_ab_alternates_windows_between_live_launches_and_sees_a_slowdow
 
 def test_a_resident_session_takes_the_launch_order_out_of_its_interval(tmp_path, monkeypatch):
     """Pairs whose side launched first runs 0.85 % slower (as on the 2-core
-    VM, where 18 sessions of 18 showed it): two pairs cannot tell that from
+    VM, where nearly every session showed ~1 %): two pairs cannot tell that from
     a launch effect, three are judged as two were, and from four (two each
     way) the order is a term of the model: same, with the effect in ab.json."""
     from perfsuite.gate.resident import PairRun
