@@ -74,6 +74,8 @@ def read_progress(directory: Path) -> dict[int, dict[str, Any]]:
     for path in Path(directory).glob("progress-rank*"):
         try:
             fields = path.read_text().split()
+            if len(fields) < 3:
+                continue  # created at the rank's start, written at its first step: none yet
             out[int(path.name.removeprefix("progress-rank"))] = {
                 "step": int(fields[0]), "time": float(fields[1]), "phase": fields[2],
                 "total": int(fields[3]) if len(fields) > 3 else 0}

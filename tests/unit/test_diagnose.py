@@ -15,6 +15,20 @@ def test_progress_records_are_read_back_with_time_left(tmp_path):
     assert diagnose.read_progress(tmp_path)[0]["step"] == 55
 
 
+def test_a_rank_that_opened_its_record_but_wrote_nothing_yet_has_no_progress(tmp_path):
+    """A rank creates its record when it starts and writes it at its first
+    step: a launcher reading in between (seen under CI's load) found an
+    empty file and ended with an IndexError."""
+    Progress(tmp_path / "progress-rank1")  # created, no step yet
+    (tmp_path / "progress-rank2").write_text("7 1795708245.331")  # cut short
+    written = Progress(tmp_path / "progress-rank0")
+    written.update(4, "train", 8)
+    progress = diagnose.read_progress(tmp_path)
+    assert list(progress) == [0]
+    assert (progress[0]["step"], progress[0]["phase"], progress[0]["total"]) == (4, "train", 8)
+    assert diagnose.ProgressWatch(tmp_path).line() == "rank 0 step 4/8 (train)"
+
+
 def test_hang_report_blames_the_rank_that_is_not_waiting():
     progress = {0: {"step": 3, "phase": "train", "time": 0, "total": 8},
                 1: {"step": 3, "phase": "train", "time": 0, "total": 8}}
