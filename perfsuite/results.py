@@ -45,8 +45,14 @@ def _base(cell: Cell, status: str, reason: str | None) -> dict[str, Any]:
             "env": {}, "metrics": {}, "checks": [], "ranks": []}
 
 
-def skipped_result(cell: Cell, reason: str, partner: bool = False) -> dict[str, Any]:
+def skipped_result(cell: Cell, reason: str, partner: bool = False,
+                   needs_gpus: tuple[int, int] | None = None) -> dict[str, Any]:
+    """A cell not measured here, and why. ``needs_gpus``: (needed, present),
+    it needs that many GPUs (per node) and the machine has fewer: not run,
+    which is no failure of the run (``perfsuite.judge.judging.unjudged``)."""
     result = _base(cell, "skipped", reason)
+    if needs_gpus is not None:
+        result["needs_gpus"], result["gpus_present"] = needs_gpus
     if partner:  # measured here, reported by another node: not this node's result
         result["partner"] = True
     return result

@@ -43,6 +43,11 @@ def handle_sigterm() -> Any:
 # launch say nothing about drift between launches, which is what a
 # single-launch verdict lacks.
 REMEASURE_ROUNDS = 2
+# Launches a cell gets where its step time is recorded as a runner's new
+# baseline (record_new): one recorded launch judges a later one only as
+# `unknown` (drift between launches is unmeasured); four give the
+# between-launch spread that lets one later launch be judged.
+RECORD_LAUNCHES = 4
 
 
 CACHE_FIX = "point $PERFSUITE_CACHE_DIR (or --option cache_dir) at a folder you can write"
@@ -93,13 +98,21 @@ class Runner:
     def __init__(self, out_dir: Path | str, launch: LaunchOptions | None = None,
                  resume: bool = False, baselines: Path | str | None = None,
                  probe: bool = True, repeats: int = 1, overwrite: bool = False,
-                 on_notice=None) -> None:
+                 on_notice=None, runner_baselines: Path | str | None = None,
+                 record_new: bool = False) -> None:
         if repeats < 1:
             raise ValueError(f"repeats must be at least 1, got {repeats}")
         self.out_dir = Path(out_dir)
         self.repeats = repeats  # launches per cell; more than 1 weighs their spread
         self.launch = launch or LaunchOptions()
         self.baselines_root = baselines
+        # The runner's own baselines, searched after the project's; with
+        # record_new, what a cell had no baseline for is recorded there.
+        self.runner_baselines = Path(runner_baselines) if runner_baselines is not None else None
+        if record_new and self.runner_baselines is None:
+            raise ValueError("recording a runner's new baselines needs the folder they go to "
+                             "(--runner-baselines DIR; pytest: --perf-runner-baselines DIR)")
+        self.record_new = record_new
         self.probe_enabled = probe
         self.probe: dict[str, Any] | None = None
         self.resume, self.overwrite = resume, overwrite
@@ -112,6 +125,7 @@ class Runner:
         self._earlier_started: float | None = None
         self._file = None
         self._lock = None
+        self.recorded: set[str] = set()  # runner baseline folders this session recorded into
 
     def begin(self) -> None:
         """Everything the session needs, checked before its first launch: the
@@ -232,7 +246,10 @@ class Runner:
         if self._sets is None:  # read once per session; a malformed file stops here, named
             from perfsuite.judge.baselines import load_all
 
-            self._sets = load_all(self.baselines_root)
+            # the project's first: at the same rank, a lookup keeps this order
+            own = self.runner_baselines
+            self._sets = load_all(self.baselines_root) + (
+                load_all(own) if own is not None and own.is_dir() else [])
         return self._sets
 
     def preflight(self, device: str) -> dict[str, Any]:
@@ -314,6 +331,13 @@ class Runner:
                     or not needs_more_launches(result["checks"])):
                 break
         result["remeasured"] = round_
+        if self.record_new and self.repeats < RECORD_LAUNCHES and _lacks_time_baseline(result):
+            launches = launches or [result]
+            launches += [run_cell(cell, self.out_dir / f"launch{k}", self.launch)
+                         for k in range(len(launches), RECORD_LAUNCHES)]
+            result = merge_repeats(launches)
+            result["checks"] = self._judge(cell, result, assessment)
+            result["remeasured"] = round_
         return result
 
     def result(self, cell: Cell) -> dict[str, Any]:
@@ -327,15 +351,36 @@ class Runner:
             # judged again: the baselines may have changed since it was measured
             assessment = (self._earlier_probe or {}).get("assessment", {})
             done["checks"] = self._judge(cell, done, assessment)
+            self._record_missing(done)
             self._results[cell.id] = done
             self.file.add(done)
             return done
         self._results[cell.id] = {"id": cell.id, "status": "running"}  # a twin cycle stops here
         result = self._measure(cell)
+        self._record_missing(result)
         self._results[cell.id] = result
         if not result.get("partner"):
             self.file.add(result)
         return result
+
+    def _record_missing(self, result: dict[str, Any]) -> None:
+        """With record_new: what the cell had no baseline for becomes the
+        runner's (perfsuite.judge.recording.record_missing). A failure to
+        record is said on the checks and never loses the measured result."""
+        if not self.record_new or result.get("partner"):
+            return
+        from perfsuite.judge.baselines import BaselineError
+        from perfsuite.judge.recording import record_missing
+
+        try:
+            folder = record_missing(result, self.runner_baselines)
+        except (BaselineError, OSError) as err:
+            for check in result.get("checks", []):
+                if check.get("missing"):
+                    check["message"] = f"{check.get('message', '')}; not recorded: {err}"
+            return
+        if folder is not None:
+            self.recorded.add(str(folder))
 
     def add_to_history(self, url: str | None, interrupted: bool = False, *, commit: str | None = None,
                        branch: str | None = None) -> str | None:
@@ -384,6 +429,13 @@ class Runner:
     @property
     def results(self) -> list[dict[str, Any]]:
         return [r for r in self._results.values() if r.get("status") != "running"]
+
+
+def _lacks_time_baseline(result: dict[str, Any]) -> bool:
+    """Its step-time verdict was skipped for want of a baseline on this hardware."""
+    return result.get("status") == "ok" and any(
+        c.get("missing") == "baseline" and c.get("metric") in ("step_time", "time_per_token")
+        for c in result.get("checks", []))
 
 
 def launch_options(*, data_dir: str | Path | None = None, options: list[str] = (),

@@ -34,6 +34,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     options.add_old_name(p, "--profile", launching["profiler"])
     p.add_argument("--baselines", type=Path, metavar="DIR",
                    help="baselines root (default: $PERFSUITE_BASELINES, else the project's baselines/)")
+    p.add_argument("--runner-baselines", type=Path, metavar="DIR",
+                   help="this runner's own baselines root, searched after --baselines (default: none)")
+    p.add_argument("--record-new", action="store_true",
+                   help="record what a cell had no baseline for (its times on this hardware, its "
+                        "counters on this stack) into --runner-baselines: a runner's first run "
+                        "records, later runs judge")
     p.add_argument("--no-probe", action="store_true", help="skip the pre-flight probe")
     p.add_argument("--repeats", type=int, default=1, metavar="N",
                    help="launch every cell N times (from 4, verdicts weigh their spread)")
@@ -53,7 +59,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                                     "checked out here, none outside git)")
     p.add_argument("--fail-on-skipped", action="store_true",
                    help="exit 1 when a comparison could not be made (no comparable baseline, "
-                        "a skipped cell): for CI, where a green run must have judged something")
+                        "a skipped cell): for CI, where a green run must have judged something; a "
+                        "cell that needs more GPUs than the machine has is listed as not run, and a "
+                        "baseline --record-new recorded is said so, neither a failure")
     p.add_argument("--json", action="store_true",
                    help="print a JSON summary on stdout at the end (results.json's path, each "
                         "cell's status and failed checks); progress goes to stderr")
@@ -95,9 +103,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         check_store_usable(args.history)
     except HistoryError as err:
         raise UsageProblem(f"perfsuite run: {err}") from None
-    runner = Runner(args.out or default_out_dir(), launch, resume=args.resume,
-                    repeats=args.repeats, baselines=args.baselines, probe=not args.no_probe,
-                    overwrite=args.overwrite, on_notice=lambda line: print(f"perfsuite: {line}"))
+    try:
+        runner = Runner(args.out or default_out_dir(), launch, resume=args.resume,
+                        repeats=args.repeats, baselines=args.baselines, probe=not args.no_probe,
+                        overwrite=args.overwrite, on_notice=lambda line: print(f"perfsuite: {line}"),
+                        runner_baselines=args.runner_baselines, record_new=args.record_new)
+    except ValueError as err:
+        raise UsageProblem(f"perfsuite run: {err}") from None
     runner.allow_no_gpu = args.allow_no_gpu  # read by its pre-flight probe
     runner.history_purpose = args.history_purpose  # read when it is added to the history
     try:
@@ -135,7 +147,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _run_cells(runner, chosen: list, fail_on_skipped: bool, measured: list, **ending) -> int:
     """Measure ``chosen`` one by one (each result also appended to
     ``measured``), then the end of the run: ``_end_of_run``."""
-    from perfsuite.judge.judging import failures
+    from perfsuite.judge.judging import failures, none_could_run, unjudged
     from perfsuite.report import probe_lines, summary_lines
 
     bad = 0
@@ -143,14 +155,15 @@ def _run_cells(runner, chosen: list, fail_on_skipped: bool, measured: list, **en
         print(f"[{i}/{len(chosen)}] {cell.id} ...", flush=True)
         result = runner.result(cell)
         measured.append(result)
-        skipped = result["status"] == "skipped" or any(
-            c["verdict"] == "skipped" for c in result.get("checks", []))
         bad += (result["status"] not in ("ok", "skipped") or bool(failures(result))
-                or (fail_on_skipped and skipped))
+                or (fail_on_skipped and bool(unjudged(result))))
         if i == 1:
             print("\n".join(probe_lines(runner.probe)), flush=True)
         print("\n".join("    " + line for line in summary_lines([result])), flush=True)
-    return _end_of_run(runner, measured, EXIT_FAILED if bad else EXIT_OK, **ending)
+    nothing = fail_on_skipped and none_could_run(measured)
+    if nothing:
+        print(f"perfsuite run (--fail-on-skipped): {nothing}")
+    return _end_of_run(runner, measured, EXIT_FAILED if bad or nothing else EXIT_OK, **ending)
 
 
 def _end_of_run(runner, measured: list, code: int, json_args: argparse.Namespace | None = None,

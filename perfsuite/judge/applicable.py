@@ -18,7 +18,13 @@ from perfsuite.judge.checks import (
     WorkCountersUnchanged,
 )
 from perfsuite.judge.checks_llm import TimePerTokenNotRegressed
-from perfsuite.judge.lookup import Expectation, find_counters, find_expectations, find_time_per_token
+from perfsuite.judge.lookup import (
+    Expectation,
+    find_counters,
+    find_expectations,
+    find_time_per_token,
+    other_stack_counters,
+)
 
 
 def checks_for(params: Mapping[str, Any], profile_id: str | None, *,
@@ -36,7 +42,9 @@ def checks_for(params: Mapping[str, Any], profile_id: str | None, *,
     out: list[Any] = [TimePerTokenNotRegressed(find_time_per_token(params, profile_id, sets=sets))
                       if params.get("workload") == "llm" else StepTimeNotRegressed(found("step_time")[0])]
     if env is not None:
-        out.append(WorkCountersUnchanged(*find_counters(params, env, sets)))
+        counted, why = find_counters(params, env, sets)
+        out.append(WorkCountersUnchanged(counted, why, across=None if counted is not None
+                                         else other_stack_counters(params, env, sets)))
     for metric in ("peak_mem_allocated", "peak_rss"):
         out += [PeakMemoryNotRegressed(e, metric=metric) for e in found(metric)[:1] if e.value]
     out += [AccuracyAtLeast.from_expectation(e) for e in found("accuracy")[:1] if e.value]

@@ -45,6 +45,10 @@ class Verdict:
     baseline: str | None = None
     message: str = ""
     cell: str | None = None
+    # a skip for want of a baseline: "baseline" (none on this hardware for this
+    # metric), "counters" (none for this software stack); what a run that
+    # records its runner's baselines records (perfsuite.judge.recording.record_missing)
+    missing: str | None = None
 
     def __post_init__(self) -> None:
         if self.verdict not in STATES:
@@ -57,7 +61,7 @@ class Verdict:
     def to_dict(self) -> dict[str, Any]:
         """An entry of a cell's "checks" list; JSON-safe (no NaN or infinity)."""
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-                for k, v in asdict(self).items()}
+                for k, v in asdict(self).items() if k != "missing" or v is not None}
 
 
 def _fmt(x: float | None, unit: str = "") -> str:
@@ -66,8 +70,9 @@ def _fmt(x: float | None, unit: str = "") -> str:
     return f"{x:.4g}{(' ' + unit) if unit else ''}"
 
 
-def _skip(name: str, metric: str, message: str, cell: str | None = None) -> Verdict:
-    return Verdict(name, "skipped", metric=metric, message=message, cell=cell)
+def _skip(name: str, metric: str, message: str, cell: str | None = None,
+          missing: str | None = None) -> Verdict:
+    return Verdict(name, "skipped", metric=metric, message=message, cell=cell, missing=missing)
 
 
 def _metric(result: Mapping[str, Any], metric: str) -> dict[str, Any]:
@@ -121,7 +126,7 @@ class StepTimeNotRegressed:
         exp = self.expectation
         if exp is None or not exp.available:
             return _skip(self.name, self.metric, exp.reason if exp else "no comparable baseline",
-                         cell)
+                         cell, missing="baseline")
         data = _metric(result, self.metric)
         observed = data.get("samples") or []
         if not observed:
@@ -161,7 +166,7 @@ class PeakMemoryNotRegressed:
         exp = self.expectation
         if exp is None or not exp.available or not exp.value:
             return _skip(self.name, self.metric, exp.reason if exp else "no comparable baseline",
-                         cell)
+                         cell, missing="baseline")
         observed = _metric(result, self.metric).get("value")
         if not isinstance(observed, (int, float)) or not math.isfinite(observed):
             return Verdict(self.name, "unknown", metric=self.metric, cell=cell,
@@ -264,7 +269,7 @@ class CrossCellRatio:
         exp = self.expectation
         if exp is None or not exp.available:
             return _skip(self.name, self.metric, exp.reason if exp else "no comparable baseline",
-                         cell)
+                         cell, missing="baseline")
         if not (_metric(result, "step_time").get("samples")
                 and _metric(twin, "step_time").get("samples")):
             return Verdict(self.name, "unknown", metric=self.metric, cell=cell,
@@ -358,25 +363,30 @@ class FindingRatio(CrossCellRatio):
 class WorkCountersUnchanged:
     """The work counters of a cell's step against recorded ones: exact (a
     per-counter tolerance only where the baseline gives one), so one launch
-    decides. A failure names what changed."""
+    decides. A failure names what changed. Where none were recorded on this
+    run's software stack, ``across`` (the newest of another stack) shows what
+    the stack change changed: ``pass`` where nothing did, else ``unknown``
+    (a new torch may rightly change them), never a silent skip."""
 
     name = "work_counters"
     metric = "counters"
 
-    def __init__(self, baseline: CounterBaseline | None, reason: str = "") -> None:
-        self.baseline, self.reason = baseline, reason
+    def __init__(self, baseline: CounterBaseline | None, reason: str = "",
+                 across: CounterBaseline | None = None) -> None:
+        self.baseline, self.reason, self.across = baseline, reason, across
 
     def evaluate(self, result: Mapping[str, Any], twin: Mapping[str, Any] | None = None) -> Verdict:
         cell = result.get("id")
         if (skip := _not_ok(self.name, self.metric, result)) is not None:
             return skip
-        if self.baseline is None:
-            return _skip(self.name, self.metric, self.reason or "no comparable counters", cell)
+        base = self.baseline or self.across
+        if base is None:
+            return _skip(self.name, self.metric, self.reason or "no comparable counters", cell,
+                         missing="counters")
         measured = result.get("counters") or {}
         if not measured.get("per_step"):
             return _skip(self.name, self.metric, f"cell {cell} counted no work (count_steps=0, "
                          "or a workload without a counting window)", cell)
-        base = self.baseline
         unstable = set(measured.get("unstable", [])) | set(base.unstable)
         changes = counters.diff(measured["per_step"], base.per_step, base.tolerance, unstable)
         lines = counters.describe(changes)
@@ -388,9 +398,15 @@ class WorkCountersUnchanged:
                    + ("; ".join(lines) if changes else f"{judged} counters per step equal"))
         if unstable:
             message += f" (not judged, unstable between steps or launches: {', '.join(sorted(unstable))})"
-        return Verdict(self.name, "fail" if changes else "pass", float(len(changes)), 0.0,
+        verdict, missing = ("fail" if changes else "pass"), None
+        if self.baseline is None:  # another stack's: shown, not judged
+            stacks = self.reason.split(": compare")[0]  # "... recorded on X, this run has Y"
+            message = (f"across the stack change ({stacks}): {message}; record this stack's "
+                       "counters to judge them")
+            verdict, missing = ("unknown" if changes else "pass"), "counters"
+        return Verdict(self.name, verdict, float(len(changes)), 0.0,
                        metric=self.metric, unit="changed counters", baseline=base.source or None,
-                       message=message, cell=cell)
+                       message=message, cell=cell, missing=missing)
 
 
 CROSS_CELL = (ScalingEfficiency, PrecisionSpeedup, PinMemoryGain, StepTimeRatio)

@@ -196,6 +196,28 @@ def needs_more_launches(checks: list[dict[str, Any]]) -> bool:
     return any(c["verdict"] == "unknown" and c.get("name") == "step_time" for c in checks)
 
 
+def unjudged(result: dict[str, Any]) -> list[str]:
+    """What a run that must judge (--fail-on-skipped) counts against this
+    cell: a skipped cell, and each comparison that could not be made. Not
+    a cell that needs more GPUs than the machine has (not runnable here, and
+    listed as such), nor a comparison whose missing baseline the run has just
+    recorded as its runner's first (the next run judges it)."""
+    if result.get("status") == "skipped":
+        return [] if result.get("needs_gpus") else [f"cell skipped: {result.get('reason')}"]
+    return [f"{c['name']}: {c.get('message')}" for c in result.get("checks", [])
+            if c["verdict"] == "skipped" and not c.get("recorded")]
+
+
+def none_could_run(results: list[dict[str, Any]]) -> str | None:
+    """Why a run that must judge (--fail-on-skipped) judged nothing because
+    no cell of it could run on this machine (each needs more GPUs), else None."""
+    own = [r for r in results if not r.get("partner")]
+    if not own or not all(r.get("needs_gpus") for r in own):
+        return None
+    return (f"no cell could run here: all {len(own)} need more GPUs than the "
+            f"{own[0].get('gpus_present', 0)} present")
+
+
 def failures(result: dict[str, Any]) -> list[dict[str, Any]]:
     return [c for c in result.get("checks", []) if c["verdict"] in (FAIL, "regressed")]
 

@@ -54,6 +54,18 @@ def find_counters(params: Mapping[str, Any], env: Mapping[str, Any],
     return None, "no work counters recorded for these parameters; `perfsuite baseline record` keeps them"
 
 
+def other_stack_counters(params: Mapping[str, Any], env: Mapping[str, Any],
+                         sets: list[BaselineSet]) -> CounterBaseline | None:
+    """The newest counters recorded for these cell parameters on another
+    software stack than this run's (None where there are none): what a step
+    did before a torch, CUDA or torchtune change, to show what it changed."""
+    device, workload = str(params.get("device", "cpu")), params.get("workload")
+    versions = counter_versions(env, device, workload)
+    other = [c for s in sets for c in s.counters if row_matches(c.params, params)
+             and counter_versions(c.versions, device, workload) != versions]
+    return max(other, key=lambda c: c.recorded_at) if other else None
+
+
 def row_matches(row: Mapping[str, Any], params: Mapping[str, Any]) -> bool:
     """Every non-blank key of the row equals the parameter (a missing parameter: no match)."""
     return all(not row.get(key) or (key in params and norm(params[key]) == norm(row[key]))

@@ -284,3 +284,26 @@ def _plan(results: Mapping[str, Any] | list, profile_id: str, folder: Path, forc
     return plan
 
 
+
+
+def record_missing(result: dict[str, Any], root: Path | str) -> Path | None:
+    """A runner's first baselines: record into ``root`` (the runner's own
+    baselines root) what this judged cell had nothing to be judged against:
+    its metrics where a check lacked a baseline on this hardware, its work
+    counters where none were recorded on this software stack. Each such check
+    says it was recorded (``recorded``: the folder), so that the run says what
+    it recorded instead of passing as judged. The folder, or None where
+    nothing was missing. A BaselineError says why it could not record; the
+    measured result stands either way."""
+    checks = [c for c in result.get("checks", []) if c.get("missing")]
+    if result.get("status") != "ok" or not checks:
+        return None
+    missing = {c["missing"] for c in checks}
+    cell = {**result, "metrics": result.get("metrics") if "baseline" in missing else {},
+            "counters": result.get("counters") if "counters" in missing else None}
+    plan = record_run({"env": result.get("env") or {}, "cells": [cell]}, root=root)
+    for check in checks:
+        check["recorded"] = str(plan.folder)
+        check["message"] = (f"{check.get('message', '')}; recorded into {plan.folder} as this runner's "
+                            "baseline: the next run judges it")
+    return plan.folder

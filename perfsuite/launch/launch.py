@@ -338,9 +338,9 @@ def launcher_env() -> dict[str, str]:
             "PERFSUITE_LAUNCHER_HOST": socket.gethostname()}
 
 
-def run_cell(cell: Cell, out_dir: Path, opts: LaunchOptions | None = None) -> dict[str, Any]:
-    """Run ``cell`` and return its result (a dict in the results schema)."""
-    opts = opts or LaunchOptions()
+def not_runnable(cell: Cell, opts: LaunchOptions) -> dict[str, Any] | None:
+    """The skipped result of a cell this machine cannot launch (a node plan
+    that does not fit, GPUs it lacks), else None."""
     try:
         plan = multinode.plan(cell, opts.nodes)
     except multinode.PlanError as err:
@@ -358,7 +358,17 @@ def run_cell(cell: Cell, out_dir: Path, opts: LaunchOptions | None = None) -> di
     needed = -(-cell.gpus_needed // plan.nnodes)
     if cell.device == "cuda" and needed > present:
         return skipped_result(cell, f"needs {needed} GPU(s){' per node' if plan.nnodes > 1 else ''}"
-                                    f", {present} present")
+                                    f", {present} present", needs_gpus=(needed, present))
+    return None
+
+
+def run_cell(cell: Cell, out_dir: Path, opts: LaunchOptions | None = None) -> dict[str, Any]:
+    """Run ``cell`` and return its result (a dict in the results schema)."""
+    opts = opts or LaunchOptions()
+    skipped = not_runnable(cell, opts)
+    if skipped is not None:
+        return skipped
+    plan = multinode.plan(cell, opts.nodes)
 
     directory = cell_dir(out_dir, cell)
     if plan.nnodes == 1 and directory.exists():

@@ -66,7 +66,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--perf-fail-on-skipped", action="store_true",
                     help="a comparison that could not be made (no comparable baseline, a "
                          "skipped cell) fails its test: for CI, where a green run must have "
-                         "judged something")
+                         "judged something; a cell that needs more GPUs than the machine has "
+                         "is listed as not run, and a baseline --perf-record-new recorded "
+                         "is said so, neither a failure")
+    group.addoption("--perf-runner-baselines", default=None, metavar="DIR",
+                    help="this runner's own baselines root, searched after --perf-baselines "
+                         "(default: none)")
+    group.addoption("--perf-record-new", action="store_true",
+                    help="record what a cell had no baseline for (its times on this hardware, "
+                         "its counters on this stack) into --perf-runner-baselines: a runner's "
+                         "first run records, later runs judge")
     parser.addini("perf_experiments", type="paths", default=[],
                   help="perfsuite: experiment files (or folders of them) of one's own workloads, "
                        "added to the matrix (as $PERFSUITE_EXPERIMENTS)")
@@ -103,9 +112,14 @@ def _session_runner(config: pytest.Config) -> Runner:
     out = get("--perf-out") or default_out_dir(config.rootpath)
     if get("--perf-repeats") < 1:
         raise pytest.UsageError("perfsuite: --perf-repeats must be at least 1")
-    return Runner(out, launch, resume=get("--perf-resume"), baselines=get("--perf-baselines"),
-                  probe=not get("--perf-no-probe"), repeats=get("--perf-repeats"),
-                  overwrite=get("--perf-overwrite"), on_notice=on_notice)
+    try:
+        return Runner(out, launch, resume=get("--perf-resume"), baselines=get("--perf-baselines"),
+                      probe=not get("--perf-no-probe"), repeats=get("--perf-repeats"),
+                      overwrite=get("--perf-overwrite"), on_notice=on_notice,
+                      runner_baselines=get("--perf-runner-baselines"),
+                      record_new=get("--perf-record-new"))
+    except ValueError as err:
+        raise pytest.UsageError(f"perfsuite: {err}") from None
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -270,6 +284,7 @@ def judged_result(perf_cell: cells_mod.Cell, perf_session: Runner,
                   request: pytest.FixtureRequest) -> dict[str, Any]:
     """The cell's judged result, reported with the test; skips or fails with the reason."""
     from perfsuite import report
+    from perfsuite.judge.judging import unjudged
 
     if _xdist_worker(request.config):
         pytest.fail(f"{perf_cell.id}: perfsuite cells do not run under pytest-xdist: its workers "
@@ -295,8 +310,9 @@ def judged_result(perf_cell: cells_mod.Cell, perf_session: Runner,
     request.node.add_report_section("call", "perfsuite", report.cell_text(result))
     _record_in_benchmark(request, result)
     strict = request.config.getoption("--perf-fail-on-skipped")
+    unmade = unjudged(result)
     if result["status"] == "skipped":
-        (pytest.fail if strict else pytest.skip)(f"{perf_cell.id}: {result['reason']}")
+        (pytest.fail if strict and unmade else pytest.skip)(f"{perf_cell.id}: {result['reason']}")
     if result["status"] != "ok":
         tail = result.get("output_tail", "")
         where = _where_ranks_were(result)
@@ -304,11 +320,10 @@ def judged_result(perf_cell: cells_mod.Cell, perf_session: Runner,
                     + (f"--- where the ranks were: {where}\n" if where else "")
                     + f"--- output tail ({result.get('dir')}/output.log) ---\n{tail}",
                     pytrace=False)
-    skipped = [c for c in result.get("checks", []) if c["verdict"] == "skipped"]
-    if strict and skipped:
-        pytest.fail(f"{perf_cell.id}: {len(skipped)} comparison(s) could not be made "
-                    "(--perf-fail-on-skipped):\n" + "\n".join(
-                        f"  {c['name']}: {c.get('message')}" for c in skipped), pytrace=False)
+    if strict and unmade:
+        pytest.fail(f"{perf_cell.id}: {len(unmade)} comparison(s) could not be made "
+                    "(--perf-fail-on-skipped):\n" + "\n".join(f"  {line}" for line in unmade),
+                    pytrace=False)
     return result
 
 
@@ -350,15 +365,20 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus):
     (pytest-benchmark's --benchmark-compare-fail does)."""
     runner: Runner = session.config.stash.get(SESSION_KEY, None)
     config = session.config
-    if (config.getoption("--perf-fail-on-skipped") and (runner is None or not runner.results)
-            and not config.option.collectonly and not _xdist_worker(config)
-            and usercells.rank_session() is None
+    if (config.getoption("--perf-fail-on-skipped") and not config.option.collectonly
+            and not _xdist_worker(config) and usercells.rank_session() is None
             and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED)):
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED  # a green run must have judged something
-        reporter = config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None:
-            reporter.write_line("perfsuite: no cell was measured (--perf-fail-on-skipped): every perf "
-                                "test was deselected or skipped at collection (an empty axis?)", red=True)
+        from perfsuite.judge.judging import none_could_run
+
+        why = ("no cell was measured (--perf-fail-on-skipped): every perf test was deselected or "
+               "skipped at collection (an empty axis?)" if runner is None or not runner.results
+               else none_could_run(runner.results))
+        why = why and why.replace(": ", " (--perf-fail-on-skipped): ", 1)
+        if why:  # a green run must have judged something
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+            reporter = config.pluginmanager.get_plugin("terminalreporter")
+            if reporter is not None:
+                reporter.write_line(f"perfsuite: {why}", red=True)
     if runner is not None and runner.results and runner.file.path.exists():
         try:  # the report is for people; it never changes the session's outcome
             from perfsuite.report.html import write_reports

@@ -12,6 +12,7 @@ from typing import Any
 
 from perfsuite.report import cellview as cv
 from perfsuite.report.formatting import fmt, quantity, sort_key
+from perfsuite.report.terminal import not_run_line, recorded_line
 
 GOOD, BAD = ("pass", "same", "improved"), ("fail", "regressed")
 # The forest plot of a check against its baseline: ratios from 1/RANGE to RANGE.
@@ -107,12 +108,15 @@ def attention(cells: list[dict]) -> dict[str, Any]:
     broken = [{"id": c.get("id"), "status": str(c.get("status")), "reason": c.get("reason")}
               for c in cells if c.get("status") not in ("ok", "skipped")]
     checks = [k for c in cells for k in c.get("checks") or []]
-    skipped = [k for k in checks if k.get("verdict") == "skipped"]
+    # recorded: skipped for want of a baseline the run then recorded (a runner's first run)
+    recorded = [k for k in checks if k.get("recorded")]
+    skipped = [k for k in checks if k.get("verdict") == "skipped" and not k.get("recorded")]
     judged = [k for k in checks if k.get("verdict") not in ("skipped", None)]
     step_checks = [k for k in checks if k.get("name") == "step_time"]
-    step_skipped = [k for k in step_checks if k.get("verdict") == "skipped"]
-    notes = []
-    if step_checks and len(step_skipped) == len(step_checks):
+    step_skipped = [k for k in step_checks if k.get("verdict") == "skipped" and not k.get("recorded")]
+    notes = [line + "." for line in (not_run_line(cells), recorded_line(cells)) if line]
+    ran = "Every cell that could run here ran" if not_run_line(cells) else "Every cell ran"
+    if step_checks and step_skipped and len(step_skipped) == len(step_checks):
         why = Counter(str(k.get("message") or "no reason given") for k in step_skipped)
         notes.append(f"No step time was compared with a baseline: all {len(step_checks)} "
                      "step_time check(s) were skipped ("
@@ -128,16 +132,19 @@ def attention(cells: list[dict]) -> dict[str, Any]:
     elif picked:
         headline, level = ("No check failed or regressed, but some could not decide "
                            "(unknown): measure more.", "warn")
+    elif recorded:
+        headline, level = (f"{ran}; {len(recorded)} comparison(s) had no baseline on this runner and "
+                           "were recorded as its own: the next run judges them.", "warn")
     elif not judged:
         headline, level = "Nothing was judged: no check made a comparison.", "warn"
     elif step_checks and len(step_skipped) == len(step_checks):
-        headline, level = (f"Every cell ran and none of the {len(judged)} judged check(s) failed, "
+        headline, level = (f"{ran} and none of the {len(judged)} judged check(s) failed, "
                            "but step times were not judged.", "warn")
     elif skipped:
-        headline, level = (f"Every cell ran and none of the {len(judged)} judged check(s) "
+        headline, level = (f"{ran} and none of the {len(judged)} judged check(s) "
                            f"failed or regressed; {len(skipped)} could not be made.", "warn")
     else:
-        headline, level = (f"Every cell ran and none of the {len(judged)} check(s) failed or "
+        headline, level = (f"{ran} and none of the {len(judged)} check(s) failed or "
                            "regressed.", "ok")
     return {"headline": headline, "level": level, "notes": notes, "broken": broken,
             "checks": picked}

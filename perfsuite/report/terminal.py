@@ -53,17 +53,39 @@ def summary_lines(results: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def not_run_line(results: list[dict[str, Any]]) -> str | None:
+    """"21 cell(s) not run: they need 2-4 GPUs, 1 present": the cells that
+    need more GPUs than the machine has, once (they are no failure)."""
+    short = [r for r in results if r["status"] == "skipped" and r.get("needs_gpus")]
+    if not short:
+        return None
+    needs = sorted({r["needs_gpus"] for r in short})
+    present = sorted({r.get("gpus_present", 0) for r in short})
+    span = f"{needs[0]}" if len(needs) == 1 else f"{needs[0]}-{needs[-1]}"
+    return (f"{len(short)} cell(s) not run: they need {span} GPUs, "
+            f"{'/'.join(map(str, present))} present")
+
+
+def recorded_line(results: list[dict[str, Any]]) -> str | None:
+    """"first baselines of this runner: 9 cell(s) recorded into DIR, judged from the next run"."""
+    folders = {c["recorded"]: None for r in results for c in r.get("checks", []) if c.get("recorded")}
+    cells = [r for r in results if any(c.get("recorded") for c in r.get("checks", []))]
+    if not cells:
+        return None
+    return (f"this runner's new baselines: {len(cells)} cell(s) had none to be judged against and were "
+            f"recorded into {', '.join(folders)}; the next run judges them")
+
+
 def skipped_lines(results: list[dict[str, Any]]) -> list[str]:
     """How many comparisons were not made, and why: a green run that judged
     nothing must not read like one that judged everything."""
     from collections import Counter
 
     why = Counter(c.get("message") or "no reason given" for r in results
-                  for c in r.get("checks", []) if c["verdict"] == "skipped")
-    cells = Counter(str(r.get("reason")) for r in results if r["status"] == "skipped")
-    if not why and not cells:
-        return []
-    lines = []
+                  for c in r.get("checks", []) if c["verdict"] == "skipped" and not c.get("recorded"))
+    cells = Counter(str(r.get("reason")) for r in results
+                    if r["status"] == "skipped" and not r.get("needs_gpus"))
+    lines = [line for line in (not_run_line(results), recorded_line(results)) if line]
     if cells:
         lines.append(f"{sum(cells.values())} cell(s) skipped:")
         lines += [f"    {n} x {reason}" for reason, n in cells.most_common()]

@@ -138,7 +138,15 @@ def test_gpu_work_counters_are_kept_per_software_stack(sets):
     assert judged(cell, gate, sets)["work_counters"]["verdict"] == "pass"
     newer = {**cell, "env": {**cell["env"], "nccl": "2.29.1"}}
     counted = judged(newer, gate, sets)["work_counters"]
-    assert counted["verdict"] == "skipped" and "nccl=2.28.9" in counted["message"]
+    # another stack's counters are shown against, never silently skipped: the
+    # same work passes, and the check says this stack's are still to record
+    assert counted["verdict"] == "pass" and counted["missing"] == "counters"
+    assert "across the stack change" in counted["message"] and "nccl=2.28.9" in counted["message"]
+    per_step = dict(cell["counters"]["per_step"])
+    per_step["copies/memcpy_d2d_calls"] = per_step.get("copies/memcpy_d2d_calls", 0) + 80
+    changed = {**newer, "counters": {**cell["counters"], "per_step": per_step}}
+    counted = judged(changed, gate, sets)["work_counters"]
+    assert counted["verdict"] == "unknown" and "memcpy_d2d_calls" in counted["message"]
 
 
 def test_the_folder_is_what_recording_makes_of_these_files(tmp_path):
