@@ -24,6 +24,7 @@ import configparser
 import importlib.metadata as md
 import os
 import re
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -194,11 +195,12 @@ def test_the_workflows_install_and_gate_collect_in_a_fresh_venv(tmp_path, linked
     what .ci/install put there and nothing else."""
     github_env = tmp_path / "github_env"
     github_env.touch()
+    summary = tmp_path / "summary.md"
     home = tmp_path / "home"
     home.mkdir()
     extras = set(re.search(r'bash \.ci/install "\$VENV"\s*(\S*)', step("gate", "Install")["run"]).group(1).split(","))
     shim = python3_that_adds(linked(extras - {""}), tmp_path)
-    env = clean_env(home, GITHUB_ENV=str(github_env), RUNNER_TEMP=str(tmp_path))
+    env = clean_env(home, GITHUB_ENV=str(github_env), RUNNER_TEMP=str(tmp_path), GITHUB_STEP_SUMMARY=str(summary))
     env["PATH"] = f"{shim}{os.pathsep}{env['PATH']}"
     env.update({k: str(v) for k, v in workflow().get("env", {}).items() if "${{" not in str(v)})
     env.update(PERFSUITE_TORCH_INDEX="")  # ${{ vars.PERFSUITE_TORCH_INDEX }} unset
@@ -212,6 +214,7 @@ def test_the_workflows_install_and_gate_collect_in_a_fresh_venv(tmp_path, linked
     assert Path(written["HISTORY_URL"]).is_relative_to(home / ".cache" / "perfsuite")
     probe = import_check(venv / "bin" / "python")
     assert probe.stdout.startswith("MISSING [] 2."), probe.stdout + probe.stderr  # no test extra; the linked torch
+    assert summary.read_text().startswith(f"perfsuite installed in {venv}: extras llm, torch 2.")  # which torch
 
     gate = step("gate", "Gate tier")["run"].rstrip()
     assert gate.splitlines()[-1].strip().startswith("--perf-out")  # the pytest line ends the step
@@ -353,6 +356,14 @@ def test_usage(tmp_path):
     assert plain.stdout.splitlines()[-1].endswith("-c constraints.txt -e .")  # no extras: no brackets
 
 
+def test_the_install_script_passes_shellcheck():
+    shellcheck = shutil.which("shellcheck")
+    if shellcheck is None:
+        pytest.skip("shellcheck not installed (apt-get install shellcheck)")
+    done = subprocess.run([shellcheck, str(INSTALL)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 def test_every_install_runs_the_one_script():
     """tox's, CI's and the workflow's: one script, the same step in every job."""
     tox = configparser.ConfigParser(interpolation=None)
@@ -365,5 +376,250 @@ def test_every_install_runs_the_one_script():
     assert "bash .ci/install .venv test" in (ROOT / ".ci" / "run").read_text()
     steps = [s["run"] for job in workflow()["jobs"].values() for s in job["steps"] if s.get("name") == "Install"]
     assert len(steps) == len(workflow()["jobs"]) and len(set(steps)) == 1  # one step, in every job
-    assert re.search(r'^\s*bash \.ci/install "\$VENV" llm$', steps[0], re.M)
+    assert re.search(r'^\s*bash \.ci/install "\$VENV" llm \| tee "\$RUNNER_TEMP/install.txt"$', steps[0], re.M)
     assert "pip install" not in steps[0]
+
+
+# ----------------------------------------------- the runner's own torch
+RUNNER = {"PERFSUITE_TORCH_INDEX": "runner"}
+
+
+def pinned(name: str) -> str:
+    return re.search(rf"^{name}==(\S+)$", (ROOT / "constraints.txt").read_text(), re.M).group(1)
+
+
+def fake_site(where: Path, torch: str | None = "2.11.0+cu130", vision: str = "0.26.0",
+              requires: tuple[str, ...] = (), wheels: tuple[str, ...] = ()) -> Path:
+    """A site folder whose torch and torchvision are tiny packages of these
+    versions, with the metadata pip reads (torch's Requires-Dist lines too;
+    ``wheels``: installed distributions, "name==version"), and packaging
+    (which a runner's python has with its pip)."""
+    import packaging
+
+    site = where / "site"
+    site.mkdir(parents=True)
+    (site / "packaging").symlink_to(Path(packaging.__file__).parent)
+    dists = dict(w.split("==") for w in wheels)
+    if torch is not None:
+        dists.update(torch=torch, torchvision=vision)
+        (site / "torch").mkdir()
+        (site / "torch" / "__init__.py").write_text(f"__version__ = {torch!r}\n")
+        (site / "torchvision").mkdir()
+        (site / "torchvision" / "__init__.py").write_text(f"import torch\n__version__ = {vision!r}\n")
+    for name, version in dists.items():
+        info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+        info.mkdir()
+        lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+        lines += [f"Requires-Dist: {r}" for r in (requires if name == "torch" else ())]
+        (info / "METADATA").write_text("\n".join(lines) + "\n")
+    return site
+
+
+def base_python() -> str:
+    """The interpreter this venv was made from: a runner's python is no venv's."""
+    return getattr(sys, "_base_executable", sys.executable)
+
+
+def runner_python(where: Path, site: Path, python: str | None = None) -> Path:
+    """A bin folder whose python3 is the runner's: the base interpreter with ``site`` on its path."""
+    bin_dir = where / "bin"
+    bin_dir.mkdir(parents=True)
+    shim = bin_dir / "python3"
+    shim.write_text(f'#!/bin/sh\nPYTHONPATH="{site}" exec "{python or base_python()}" "$@"\n')
+    shim.chmod(0o755)
+    return shim
+
+
+def runner_dry_run(tmp_path: Path, *args: str, site: Path | None = None, **env: str) -> subprocess.CompletedProcess:
+    """.ci/install --dry-run with PERFSUITE_TORCH_INDEX=runner and the runner's python3 on PATH."""
+    python = runner_python(tmp_path, site or fake_site(tmp_path))
+    environ = fake_driver(tmp_path, "580.65.06")  # any driver: the index is not asked
+    environ.update(RUNNER, PATH=f"{python.parent}{os.pathsep}{environ['PATH']}", **env)
+    return dry_run(environ, *args)
+
+
+def commands_of(done: subprocess.CompletedProcess) -> list[str]:
+    return [line[2:] for line in done.stdout.splitlines() if line.startswith("+ ")]
+
+
+@pytest.mark.parametrize("extras", ["llm", ""])
+def test_the_runners_torch_is_kept_and_no_command_installs_torch(tmp_path, extras):
+    venv = tmp_path / "venv"
+    done = runner_dry_run(tmp_path, str(venv), *([extras] if extras else []))
+    assert done.returncode == 0, done.stderr
+    commands = commands_of(done)
+    assert commands[:2] == [f"python3 -m venv --system-site-packages {venv}",  # it sees the image's packages
+                            f"{venv}/bin/python -m pip install --quiet --upgrade pip"]
+    installs = commands[2:]
+    assert len(installs) == 1 and re.fullmatch(
+        rf"{venv}/bin/python -m pip install --quiet -c \S+ -e \.{re.escape(f'[{extras}]' if extras else '')}",
+        installs[0]), installs  # pip (uv would not see the runner's torch), perfsuite alone
+    assert not any({"torch", "torchvision", "--index-url", "uv", "constraints.txt"} & set(c.split()) for c in commands)
+    constraints = next(line for line in done.stdout.splitlines() if line.startswith("constraints: ")).split()[1:]
+    assert constraints == [f"torchtune=={pinned('torchtune')}", f"torchao=={pinned('torchao')}",
+                           "torch==2.11.0+cu130", "torchvision==0.26.0"]  # the rest as CI tests it
+    assert done.stdout.splitlines()[-1] == (f"perfsuite install: the runner's torch 2.11.0+cu130 (torchvision 0.26.0) "
+                                            f"from {tmp_path / 'site'}, not constraints.txt's {pinned('torch')}")
+
+
+def test_the_runners_python_is_the_one_named(tmp_path):
+    site = fake_site(tmp_path / "image")
+    python = runner_python(tmp_path / "image", site)
+    done = runner_dry_run(tmp_path, str(tmp_path / "venv"), "llm", PERFSUITE_PYTHON=str(python))
+    assert done.returncode == 0, done.stderr
+    assert commands_of(done)[0] == f"{python} -m venv --system-site-packages {tmp_path / 'venv'}"
+    assert done.stdout.splitlines()[-1].startswith(f"perfsuite install: the runner's torch 2.11.0+cu130 (torchvision 0.26.0) from {site},")
+
+
+@pytest.mark.parametrize(("torch", "vision", "ok"), [
+    ("2.8.0", "0.23.0", False), ("2.11.0+cu130", "0.23.0", False), ("2.8.0+cu128", "0.26.0", False),
+    ("2.9.1", "0.24.1", True), ("2.15.0.dev20260101+cu130", "0.30.0.dev20260101", True),  # as doctor: by release
+    ("2.6.0a0+ecf3bae40a", "0.21.0a0", False)])
+def test_a_runners_torch_outside_pyprojects_range_is_refused_before_anything_is_made(tmp_path, torch, vision, ok):
+    from perfsuite.doctor.facts import supported_versions
+
+    done = runner_dry_run(tmp_path, str(tmp_path / "venv"), "llm", site=fake_site(tmp_path, torch, vision))
+    if ok:
+        assert done.returncode == 0, done.stderr
+        assert f"the runner's torch {torch} (torchvision {vision})" in done.stdout.splitlines()[-1]
+        return
+    assert done.returncode == 2 and "+ " not in done.stdout  # nothing made, nothing installed
+    supported = supported_versions()
+    outside = [f"{name} {version}" for name, version in (("torch", torch), ("torchvision", vision))
+               if not version.startswith(("2.11", "0.26"))]
+    assert f"PERFSUITE_TORCH_INDEX=runner: {' and '.join(outside)} (" in done.stderr
+    assert "outside the versions perfsuite supports" in done.stderr
+    assert all(f"{name}{spec}" in done.stderr for name, spec in supported.items())  # pyproject's range, named
+    assert f"unset PERFSUITE_TORCH_INDEX to install constraints.txt's torch {pinned('torch')}" in done.stderr
+
+
+def test_a_runner_python_without_torch_is_refused_with_the_fix(tmp_path):
+    done = runner_dry_run(tmp_path, str(tmp_path / "venv"), site=fake_site(tmp_path, None))
+    assert done.returncode == 2 and "+ " not in done.stdout
+    assert "torch cannot be imported by" in done.stderr and "ModuleNotFoundError" in done.stderr
+    assert "PERFSUITE_PYTHON" in done.stderr and "unset PERFSUITE_TORCH_INDEX" in done.stderr
+
+
+@pytest.mark.parametrize(("requires", "wheels", "ok"), [
+    (('nvidia-cublas==13.0.0.19; platform_system == "Linux"', "filelock"), (), False),
+    (('nvidia-cublas==13.0.0.19; platform_system == "Linux"',), ("nvidia-cublas==13.0.0.18",), False),
+    (('nvidia-cublas==13.0.0.19; platform_system == "Linux"', "triton==3.5.0"),
+     ("nvidia-cublas==13.0.0.19", "triton==3.5.0"), True),
+    (('nvidia-cublas==13.0.0.19; platform_system == "Windows"', "filelock"), (), True)])
+def test_cuda_wheels_the_runners_torch_lacks_are_refused_not_installed_beside_it(tmp_path, requires, wheels, ok):
+    """pip would install them into the venv, where they come before the image's CUDA libraries."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the markers are Linux's")
+    done = runner_dry_run(tmp_path, str(tmp_path / "venv"), site=fake_site(tmp_path, requires=requires, wheels=wheels))
+    if ok:
+        assert done.returncode == 0, done.stderr
+        return
+    assert done.returncode == 2 and "+ " not in done.stdout
+    assert "lacks CUDA wheels its torch requires" in done.stderr and "nvidia-cublas==13.0.0.19" in done.stderr
+    assert "filelock" not in done.stderr  # pip installs the others into the venv: harmless
+
+
+def test_a_venv_that_does_not_see_the_runners_torch_is_refused_with_the_fix(tmp_path):
+    """A venv made without --system-site-packages (tox's, say)."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text(f'#!/bin/sh\nexec "{base_python()}" -S "$@"\n')  # no site-packages
+    (venv / "bin" / "python").chmod(0o755)
+    env = fake_driver(tmp_path, None)
+    env.update(RUNNER)
+    done = dry_run(env, str(venv))
+    assert done.returncode == 2 and "+ " not in done.stdout
+    assert "torch cannot be imported by" in done.stderr
+    assert f"remove {venv}, so that .ci/install makes it from the runner's python with --system-site-packages" \
+        in done.stderr
+
+
+def test_uv_is_refused_for_the_runners_torch(tmp_path):
+    done = runner_dry_run(tmp_path, str(tmp_path / "venv"), PERFSUITE_INSTALLER="uv")
+    assert done.returncode == 2 and "+ " not in done.stdout
+    assert "PERFSUITE_INSTALLER=uv with PERFSUITE_TORCH_INDEX=runner" in done.stderr
+
+
+def test_a_venvs_python_as_the_runners_is_refused_it_would_not_pass_its_packages_on(tmp_path):
+    if sys.prefix == sys.base_prefix:
+        pytest.skip("these tests run outside a venv")
+    done = runner_dry_run(tmp_path, str(tmp_path / "venv"), PERFSUITE_PYTHON=str(
+        runner_python(tmp_path / "image", fake_site(tmp_path / "image"), python=sys.executable)))
+    assert done.returncode == 2 and "+ " not in done.stdout
+    assert f"is the python of the venv {sys.prefix}" in done.stderr
+    assert f"bash .ci/install {sys.prefix} EXTRAS" in done.stderr
+
+
+@pytest.mark.parametrize("replaces", [False, True])
+def test_an_install_into_a_venv_checks_the_runners_torch_before_and_after(tmp_path, replaces):
+    """A real run into an existing venv whose python is the runner's and whose
+    pip records what it is asked (the constraints file too); a pip that
+    replaces torch fails the install."""
+    site = fake_site(tmp_path)
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    log, seen = tmp_path / "calls", tmp_path / "constraints.seen"
+    replace = f"sed -i 's/^Version: .*/Version: 2.14.0/' {site}/torch-2.11.0+cu130.dist-info/METADATA" if replaces else ":"
+    (venv / "bin" / "python").write_text(f"""#!/bin/sh
+case "$*" in
+  "-m pip install"*)
+    echo "$*" >> {log}
+    prev=""
+    for arg; do if [ "$prev" = -c ]; then cp "$arg" {seen}; fi; prev="$arg"; done
+    {replace}
+    exit 0 ;;
+esac
+PYTHONPATH="{site}" exec "{base_python()}" "$@"
+""")
+    (venv / "bin" / "python").chmod(0o755)
+    env = fake_driver(tmp_path, None)
+    env.update(RUNNER)
+    done = subprocess.run(["bash", str(INSTALL), str(venv), "llm"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    calls = log.read_text().splitlines()
+    assert calls[0] == "-m pip install --quiet --upgrade pip" and len(calls) == 2
+    assert re.fullmatch(r"-m pip install --quiet -c \S+ -e \.\[llm\]", calls[1])
+    assert "torch==2.11.0+cu130\ntorchvision==0.26.0\n" in seen.read_text()
+    assert f"torchao=={pinned('torchao')}" in seen.read_text() and "torch==2.14.0" not in seen.read_text()
+    if replaces:
+        assert done.returncode == 1
+        assert f"the install changed what {venv} sees: torch 2.14.0 ({site}), torchvision 0.26.0" in done.stderr
+        assert "perfsuite install:" not in done.stdout
+    else:
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines()[-1] == (f"perfsuite install: the runner's torch 2.11.0+cu130 (torchvision "
+                                                f"0.26.0) from {site}, not constraints.txt's {pinned('torch')}")
+
+
+# -------------------------------------------- the workflow's choice of torch
+@pytest.mark.parametrize(("choice", "python3_has", "suffix"), [
+    ("", "2.11.0+cu130", ""), ("cu128", "2.11.0+cu130", "-cu128"),
+    ("runner", "2.11.0+cu130", f"-runner-py{sys.version_info[0]}.{sys.version_info[1]}-torch2.11.0+cu130"),
+    ("runner", None, "-runner-none")])
+def test_the_install_step_keys_its_venv_by_the_torch_chosen_and_says_which_it_used(tmp_path, choice, python3_has,
+                                                                                   suffix):
+    """The Install step as written, in a copy of the checkout whose .ci/install
+    only says what it was asked: the venv's name carries the repository
+    variable's choice and, for the runner's torch, its python's and torch's
+    versions (an image's upgrade gets a new venv); the install's last line
+    goes to the job summary."""
+    install = step("gate", "Install")
+    assert install["env"] == {"PERFSUITE_TORCH_INDEX": "${{ vars.PERFSUITE_TORCH_INDEX }}"}
+    work = tmp_path / "checkout"
+    (work / ".ci").mkdir(parents=True)
+    for name in ("pyproject.toml", "constraints.txt"):
+        (work / name).write_bytes((ROOT / name).read_bytes())
+    (work / ".ci" / "install").write_text('mkdir -p "$1"\necho "asked: $*"\n'
+                                          'echo "perfsuite install: torch index ${PERFSUITE_TORCH_INDEX:-auto}"\n')
+    python3 = runner_python(tmp_path, fake_site(tmp_path, python3_has))
+    home, summary, github_env = tmp_path / "home", tmp_path / "summary.md", tmp_path / "github_env"
+    env = clean_env(home, GITHUB_ENV=str(github_env), GITHUB_STEP_SUMMARY=str(summary), RUNNER_TEMP=str(tmp_path),
+                    PERFSUITE_TORCH_INDEX=choice)
+    env["PATH"] = f"{python3.parent}{os.pathsep}{env['PATH']}"
+    done = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", install["run"]], cwd=work,
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    venv = dict(line.split("=", 1) for line in github_env.read_text().splitlines())["VENV"]
+    assert re.fullmatch(rf"{re.escape(str(home))}/\.cache/perfsuite/venv-[0-9a-f]{{16}}{re.escape(suffix)}", venv)
+    assert done.stdout.splitlines() == [f"asked: {venv} llm", f"perfsuite install: torch index {choice or 'auto'}"]
+    assert summary.read_text() == f"perfsuite install: torch index {choice or 'auto'}\n"

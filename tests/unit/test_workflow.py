@@ -261,6 +261,18 @@ def test_history_changes_run_after_main_runs_and_the_verdicts_reach_the_job_summ
         assert "matrix.findings" in history["if"]  # once, after the last shard added the run
 
 
+def test_the_torch_a_job_installs_is_a_repository_variables_choice():
+    """PERFSUITE_TORCH_INDEX: constraints.txt's set (the default) or the
+    runner's own torch; tests/unit/test_install.py runs the step with each."""
+    for name, job in workflow()["jobs"].items():
+        install = {step.get("name"): step for step in job["steps"]}["Install"]
+        assert install["env"] == {"PERFSUITE_TORCH_INDEX": "${{ vars.PERFSUITE_TORCH_INDEX }}"}, name
+        assert 'if [ "$PERFSUITE_TORCH_INDEX" = runner ]; then' in install["run"], name
+        assert '>> "$GITHUB_STEP_SUMMARY"' in install["run"], name  # which torch it used
+    top = WORKFLOW.read_text().split("\nname:", 1)[0]
+    assert "PERFSUITE_TORCH_INDEX" in top and "or runner:" in top  # the variable, documented
+
+
 # ----------------------------------------------------------------- linters
 def tool(name: str) -> str:
     """A linter from the test extra (beside this interpreter, else on PATH)."""
@@ -279,6 +291,17 @@ def test_the_workflow_is_valid_against_githubs_schema():
 
 def test_zizmor_finds_nothing_in_the_workflow():
     done = subprocess.run([tool("zizmor"), "--offline", "--no-progress", str(WORKFLOW)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_install_step_passes_shellcheck():
+    """actionlint runs shellcheck over every step; where actionlint is not
+    installed, shellcheck alone checks the Install step, the one with most shell."""
+    shellcheck = shutil.which("shellcheck")
+    if shellcheck is None:
+        pytest.skip("shellcheck not installed (apt-get install shellcheck)")
+    done = subprocess.run([shellcheck, "--shell=bash", "-"], input=steps_of("gate")["Install"]["run"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
 
