@@ -226,13 +226,24 @@ def check_nsys(tier: str | None) -> Check:
     others = doctor_facts.nsys_others(found)
     also = f"; also found: {', '.join(o.describe() for o in others)}" if others else ""
     written, what = doctor_facts.nsys_capture(found.binary)
+    if written and found.can_import is False:  # the layout says otherwise: profile cells would not use it
+        return Check("nsys", status, f"{found.describe(imported=True)} {what}{also}: yet perfsuite finds no "
+                     f"importer in {found.importer_place} and profile cells use torch.profiler",
+                     "install the full Nsight Systems package (with host-linux-*/QdstrmImporter) and point "
+                     "$PERFSUITE_NSYS_BIN at its bin/nsys")
     if written:
-        return Check("nsys", OK, f"{found.describe()} {what}{also}")
+        return Check("nsys", OK, f"{found.describe(imported=True)} {what}{also}")
     better = next((o for o in others if o.can_import), None)
     fix = (f"set $PERFSUITE_NSYS_BIN={better.binary} (that install has its QdstrmImporter)" if better else
            "install the full Nsight Systems package (with host-linux-*/QdstrmImporter), or point "
            "$PERFSUITE_NSYS_BIN at one that works")
-    return Check("nsys", status, f"{found.describe()} {what}: {note}{also}", fix)
+    if found.can_import is False:  # profiler_mode knows it from the layout, before any launch
+        note = "profile cells use torch.profiler from the start"
+    elif what == doctor_facts.QDSTRM_ONLY:
+        note = ("a session's first profile cell falls back to torch.profiler after its launch under nsys "
+                "(a second, profile-only launch), later ones use it from the start")
+    imported = False if what == doctor_facts.QDSTRM_ONLY else None
+    return Check("nsys", status, f"{found.describe(imported=imported)} {what}: {note}{also}", fix)
 
 
 def shm_needed(cells: list, gpus: int) -> int:

@@ -191,8 +191,13 @@ def nsys_others(chosen: Any) -> list[Any]:
     return [i for i in installed() if os.path.realpath(i.binary) != real]
 
 
+# What the capture test says of an nsys that wrote a capture and no report.
+QDSTRM_ONLY = "left only a .qdstrm capture: no QdstrmImporter turned it into a report"
+
+
 def nsys_capture(binary: str, timeout: float | None = None) -> tuple[bool, str]:
-    """A 1-second capture of a Python that sleeps: (report written, what happened)."""
+    """A 1-second capture of a Python that sleeps: (report written, what
+    happened; QDSTRM_ONLY where only the capture is left)."""
     timeout = NSYS_TIMEOUT_S if timeout is None else timeout
     with tempfile.TemporaryDirectory(prefix="perfsuite-doctor-nsys-") as tmp:
         out = Path(tmp) / "doctor"
@@ -215,8 +220,7 @@ def nsys_capture(binary: str, timeout: float | None = None) -> tuple[bool, str]:
         if reports:
             return True, f"wrote {reports[0]} from a 1-second capture"
         if any(p.name.endswith(".qdstrm") for p in Path(tmp).iterdir()):
-            return False, ("left only a .qdstrm capture: this nsys install lacks its QdstrmImporter, "
-                           "so it cannot write reports")
+            return False, QDSTRM_ONLY
         return False, (f"exit {proc.returncode} and no report from a 1-second capture"
                        + (f" ({tail})" if tail else ""))
 

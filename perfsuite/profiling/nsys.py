@@ -64,7 +64,8 @@ def qdstrm_only_message(install: str = "") -> str:
     """What a run that left only .qdstrm files (or would) is told."""
     where = f" ({install})" if install else ""
     return (f".qdstrm only: nsys could not import its capture — QdstrmImporter missing from this nsys "
-            f"install{where}; install the full Nsight Systems package")
+            f"install{where}; install the full Nsight Systems package, or set ${NSYS_BIN_ENV} to the "
+            "bin/nsys of one")
 
 
 # Installs seen to lack the importer, by binary: found after a launch left only
@@ -144,16 +145,18 @@ def missing_importer(binary: str) -> str | None:
 
     A failure seen earlier in this session (remember_import_failure), else a
     look at the install (nsys_installs.describe): only a layout recognised as
-    NVIDIA's own with no QdstrmImporter in it counts as missing it; any other
-    layout is given the benefit of the doubt, and a launch that leaves only
-    .qdstrm files is caught afterwards (summarize_path).
+    NVIDIA's own with no QdstrmImporter where nsys looks for it
+    (``host-linux-*``: one in Nsight Compute's desktop folder does not count)
+    counts as missing it; any other layout is given the benefit of the doubt,
+    and a launch that leaves only .qdstrm files is caught afterwards
+    (summarize_path).
     """
     if binary in _IMPORT_FAILED:
         return _IMPORT_FAILED[binary]
     found = describe(binary, "")
     if found.can_import is not False:
         return None
-    return qdstrm_only_message(f"{found.install}, the install of {binary}, has none")
+    return qdstrm_only_message(f"none in {found.importer_place}, where {binary} looks for it")
 
 
 def remember_import_failure(reason: str, nsys: str | None = None) -> None:

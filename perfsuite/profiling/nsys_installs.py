@@ -1,11 +1,16 @@
 """Where NVIDIA installs nsys, and whether an install can write reports.
 
 nsys records a capture into a .qdstrm file; its install's QdstrmImporter
-turns that into the .nsys-rep report `nsys stats` reads. Nsight Systems'
-own packages ship both. Other places an nsys turns up do not always: Nsight
-Compute bundles one (``<ncu>/host/target-linux-x64/nsys``) that was seen to
-write a .qdstrm and no report. So an install is described with what was
-found beside it, and the search prefers one whose importer is there.
+turns that into the .nsys-rep report `nsys stats` reads. Nsight Systems lays
+an install out as ``<install>/target-linux-*/nsys`` (and ``bin/nsys``) with
+the importer in ``<install>/host-linux-*/``, where its nsys looks for it.
+Other places an nsys turns up do not always have one: Nsight
+Compute bundles an nsys (``<ncu>/host/target-linux-x64/nsys``) whose
+``host/`` has no ``host-linux-*`` folder; a QdstrmImporter in its desktop
+folder (``host/linux-desktop-glibc_2_11_3-x64/``) is not this nsys's, and on
+the lent H100 image that nsys wrote a .qdstrm and no report. So an install
+is described with what was found where nsys looks, and the search prefers
+one whose importer is there.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ INSTALL_GLOBS: tuple[tuple[str, str], ...] = (
     (NSIGHT_COMPUTE, "opt/nvidia/nsight-compute/*/host/target-linux-*/nsys"),
 )
 _KIND_ORDER = {NSIGHT_SYSTEMS: 2, CUDA_TOOLKIT: 1, NSIGHT_COMPUTE: 0}
+# Where an nsys looks for its QdstrmImporter, under its install.
+IMPORTER_GLOB = "host-linux-*/QdstrmImporter"
 _VERSION = re.compile(r"^(?:nsight-systems-(?:cli-)?)?(\d{4}\.\d+(?:\.\d+)*)$")
 
 
@@ -47,9 +54,12 @@ class NsysInstall:
 
     found_by: "$PERFSUITE_NSYS_BIN", "PATH", "given" or one of the kinds
     above; version: the year.release folder it lives in ("" unknown);
-    importer: the QdstrmImporter found; recognised: the folder is laid out as
-    NVIDIA's installs are (``target-linux-*`` beside the binary's folder), so
-    a missing importer there is known to be missing.
+    importer: the QdstrmImporter where nsys looks for it (IMPORTER_GLOB);
+    recognised: the folder is laid out as NVIDIA's installs are
+    (``target-linux-*`` beside the binary's folder), so a missing importer
+    there is known to be missing; elsewhere: a QdstrmImporter in another
+    folder of the install, which this nsys does not use (Nsight Compute's
+    desktop folder has one).
     """
 
     binary: str
@@ -57,6 +67,7 @@ class NsysInstall:
     version: str = ""
     importer: str | None = None
     recognised: bool = False
+    elsewhere: str | None = None
 
     @property
     def install(self) -> str:
@@ -69,13 +80,26 @@ class NsysInstall:
             return True
         return False if self.recognised else None
 
-    def describe(self) -> str:
-        """One line for `perfsuite doctor` and the profiler notes."""
+    @property
+    def importer_place(self) -> str:
+        """Where this nsys looks for its QdstrmImporter, for a message."""
+        return str(Path(self.install) / IMPORTER_GLOB.rpartition("/")[0])
+
+    def describe(self, imported: bool | None = None) -> str:
+        """One line for `perfsuite doctor` and the profiler notes; ``imported``:
+        whether a capture was seen to become a report (the doctor's capture
+        test), which a line never contradicts."""
         what = self.found_by + (f" {self.version}" if self.version else "")
-        if self.can_import:
+        if self.can_import and imported is False:
+            can = f"{self.importer} is there, yet did not import the capture"
+        elif self.can_import:
             can = f"imports captures ({self.importer})"
+        elif self.can_import is False and imported:
+            can = f"imports captures, with no QdstrmImporter in {self.importer_place}"
         elif self.can_import is False:
-            can = f"no QdstrmImporter in {self.install}: captures stay .qdstrm"
+            unused = f" (it does not use {self.elsewhere})" if self.elsewhere else ""
+            can = (f"no QdstrmImporter in {self.importer_place}, where nsys looks for it{unused}: "
+                   "captures stay .qdstrm")
         else:
             can = "importer not found beside it (layout not recognised)"
         return f"{self.binary} ({what}; {can})"
@@ -97,15 +121,22 @@ def _version_key(version: str) -> tuple[int, ...]:
     return tuple(int(p) for p in version.split(".")) if version else ()
 
 
+def _first_executable(paths) -> str | None:
+    return next((str(p) for p in sorted(paths) if os.access(p, os.X_OK)), None)
+
+
 def describe(binary: str, found_by: str) -> NsysInstall:
     """What is beside ``binary``: its install is the folder above the one it
-    is in (``<install>/bin/nsys``, ``<install>/target-linux-x64/nsys``), with
-    the importer in it or one level down (``host-linux-x64/QdstrmImporter``)."""
+    is in (``<install>/bin/nsys``, ``<install>/target-linux-x64/nsys``), its
+    importer in ``<install>/host-linux-*/`` (IMPORTER_GLOB). A QdstrmImporter
+    anywhere else in the install (directly in it, or in another folder) is
+    only noted: that nsys did not use one in Nsight Compute's desktop folder."""
     install = Path(os.path.realpath(binary)).parent.parent
     recognised = any(install.glob("target-linux-*"))
-    importer = next((str(p) for pattern in ("QdstrmImporter", "*/QdstrmImporter")
-                     for p in sorted(install.glob(pattern)) if os.access(p, os.X_OK)), None)
-    return NsysInstall(binary, found_by, _version(binary), importer, recognised)
+    importer = _first_executable(install.glob(IMPORTER_GLOB))
+    elsewhere = None if importer else _first_executable(
+        [*install.glob("QdstrmImporter"), *install.glob("*/QdstrmImporter")])
+    return NsysInstall(binary, found_by, _version(binary), importer, recognised, elsewhere)
 
 
 def _rank(found: NsysInstall) -> tuple:
