@@ -237,6 +237,9 @@ def test_main_keeps_its_history_on_the_runner_and_pull_requests_add_none():
     assert 'HISTORY_URL=$cache/history.sqlite' in install and 'PERFSUITE_CACHE_DIR=$cache' in install
     gate = steps_of("gate")["Gate tier"]["run"]
     assert re.search(r'^history=off$', gate, re.M) and 'if [ "$RECORD_HISTORY" = true ]; then history="$HISTORY_URL"' in gate
+    # the runner's own baselines: read by every run, recorded into by main's only
+    assert '--perf-runner-baselines "$HOME/.cache/perfsuite/baselines"' in gate
+    assert re.search(r'^record=\(\)$', gate, re.M) and 'record=(--perf-record-new); fi' in gate
     assert gate.rstrip().endswith('--perf-history "$history"')
     shard = steps_of("full")["Full tier, shard ${{ matrix.shard }}"]["run"]
     assert shard.rstrip().endswith('--perf-history "$history"')  # only the last shard adds the run
