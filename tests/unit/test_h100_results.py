@@ -160,7 +160,11 @@ def test_the_folder_is_what_recording_makes_of_these_files(tmp_path):
     hand_set = ["tolerance"]  # re-recording keeps them; profile.json says why
     pd.testing.assert_frame_equal(made.metrics.drop(columns=hand_set),
                                   kept.metrics.drop(columns=hand_set))
-    assert made.samples == kept.samples and made.counters == kept.counters
+    assert made.samples == kept.samples
+    # the LLM cells' counters were counted before copies had a direction (no
+    # cuda/memcpy_d2d_calls): the folder keeps none of them, to be recorded anew
+    assert [c for c in made.counters if c.params.get("workload") != "llm"] == list(kept.counters)
+    assert all("cuda/memcpy_d2d_calls" in c.per_step for c in kept.counters)
     assert made.launch_spread == kept.launch_spread and kept.launch_statistic == "median"
     profile = json.loads((FOLDER / "profile.json").read_text())
     assert profile["kind"] == "recorded" and "tests/data/h100-2026-11-25/" in profile["description"]
