@@ -69,6 +69,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         p.add_argument(f"--{side}-env", action="append", default=[], metavar="KEY=VALUE",
                        help=f"environment variable for side {side.upper()}'s launches only, repeatable "
                             "(default: none)")
+        p.add_argument(f"--{side}-option", action="append", default=[], metavar="KEY=VALUE",
+                       help=f"workload option for side {side.upper()}'s launches only, on top of --option, "
+                            "repeatable; e.g. an injected slowdown, fault=gpu-sleep:*:5:0.02 (2 %% of a "
+                            "step as device time from step 5; CUDA cells) or fault=slow:*:0:0.02 (host "
+                            "time): perfsuite/rank/faults.py (default: none)")
         p.add_argument(f"--{side}-ref", metavar="GIT_REF",
                        help=f"side {side.upper()} from this ref of --repo: a worktree and a venv reusing "
                             "this interpreter's packages, set up under OUT/sides/ (default: none)")
@@ -119,9 +124,13 @@ def _ab_side(args: argparse.Namespace, name: str, out: Path):
     env = ab.parse_env(getattr(args, f"{flag}_env"), f"--{flag}-env")
     if python and ref:
         raise ab.ABError(f"--{flag}-python and --{flag}-ref: a side is one or the other")
+    options = ab.parse_options(getattr(args, f"{flag}_option"), f"--{flag}-option")
     if not ref:
-        return ab.python_side(name, python or sys.executable, env)
+        side = ab.python_side(name, python or sys.executable, env)
+        side.workload_options = options
+        return side
     side = ab.checkout_side(name, ref, args.repo.resolve(), out / "sides" / flag, env)
+    side.workload_options = options
     print(f"side {name}: {ref} ({side.commit[:12]}) set up in {side.setup_s:.1f} s "
           "(git worktree, venv, pip install -e)", flush=True)
     return side
@@ -153,7 +162,7 @@ def _launching(args: argparse.Namespace, chosen: list[cells_mod.Cell]):
 def _ab_summary(data: dict[str, Any], out: Path) -> dict[str, Any]:
     """ab --json: each cell's verdict and checks, without its launches' samples (ab.json has them)."""
     kept = ("id", "verdict", "reason", "ratio", "ci_low", "ci_high", "confidence", "p_value", "method",
-            "n_a", "n_b", "checks")
+            "detectable", "mode", "memory", "n_a", "n_b", "checks")
     return {"ab_json": str(out / "ab.json"), "report": str(out / "ab.html"), "exit": data["exit_code"],
             "interrupted": data["interrupted"],
             "settings": {k: v for k, v in data["settings"].items() if k != "sides"},
@@ -210,12 +219,16 @@ def _ab_session(args: argparse.Namespace, ab: Any, out: Path, lock: Any, handle_
             from perfsuite.gate.sides import check_refs
 
             check_refs(args.repo.resolve(), refs)
+        for name in "ab":  # a side's fault read before any side is set up
+            ab.check_workload_options(ab.Side(name.upper(), sys.executable, workload_options=ab.parse_options(
+                getattr(args, f"{name}_option"), f"--{name}-option")), chosen)
         sides = [_ab_side(args, name, out) for name in "AB"]
         for side in sides:
             ab.check_interpreter(side)
             env = " ".join(f"{k}={v}" for k, v in side.env.items())
+            options = " ".join(f"{k}={v}" for k, v in side.workload_options.items())
             print(f"side {side.name}: {side.python} (torch {side.torch}, perfsuite from "
-                  f"{side.perfsuite}) env {env}", flush=True)
+                  f"{side.perfsuite}) env {env}" + (f" options {options}" if options else ""), flush=True)
     except ab.ABError as err:
         print(f"perfsuite ab: {err}", file=sys.stderr)
         return ab.EXIT_USAGE

@@ -14,7 +14,12 @@ drifts drifts under both alike and neither side always goes first:
   observation (``launchstats.compare_launches``), judged after every round.
 
 Either stops as soon as the verdict is decided, or at a cap with "unknown"
-and what would decide it. The sides: perfsuite.gate.sides. Every other
+and what would decide it. Every decided or capped cell also says the
+smallest change its scatter could resolve at the session's confidence
+(``detectable``: its interval's half-width as a ratio, ``detectable_change``).
+A CUDA cell's two resident sides share its GPU as its memory plan says
+(``resident.plan_memory``: plainly, releasing their cache when parked, or
+launch rounds where they cannot share it). The sides: perfsuite.gate.sides. Every other
 check of a cell (peak memory, accuracy, work counters:
 ``comparing.compare_runs``) also compares A with B, over the launches measured.
 """
@@ -30,7 +35,15 @@ from typing import Any
 
 from perfsuite import stats
 from perfsuite.cells import Cell
-from perfsuite.gate.resident import judged, resident_refusal, run_pair
+from perfsuite.gate.resident import (
+    LAUNCH_ROUNDS,
+    MemoryPlan,
+    choose_plan,
+    judged,
+    plan_memory,
+    resident_refusal,
+    run_pair,
+)
 from perfsuite.gate.sides import (  # noqa: F401 - ab's face for its callers
     BASE_SITE_PTH,
     IMPORT_CHECK,
@@ -38,15 +51,17 @@ from perfsuite.gate.sides import (  # noqa: F401 - ab's face for its callers
     Side,
     _run,
     check_interpreter,
+    check_workload_options,
     checkout_side,
     launch_settings,
     parse_env,
+    parse_options,
     python_side,
 )
 from perfsuite.judge import launchstats
 from perfsuite.judge.checks import FAILING
 from perfsuite.judge.comparing import compare_runs
-from perfsuite.judge.windowstats import compare_windows, pair_estimate, quad_log_ratios
+from perfsuite.judge.windowstats import compare_windows, detectable_change, pair_estimate, quad_log_ratios
 from perfsuite.launch.launch import LaunchOptions, run_cell
 from perfsuite.options import (
     AB_MODES as MODES,
@@ -117,16 +132,23 @@ def _interval(entry: dict[str, Any]) -> str:
             f"{'inf' if high is None else f'{high:.4g}'})")
 
 
+def _detectable(record: dict[str, Any]) -> str:
+    detectable = record.get("detectable")
+    return "" if detectable is None else f"; smallest detectable change {detectable * 100:.2f} %"
+
+
 def summary_line(record: dict[str, Any]) -> str:
-    """The last word on a cell: verdict, interval, launches a side."""
+    """The last word on a cell: verdict, interval, launches a side, and the
+    smallest change its scatter resolved."""
     verdict = record["verdict"]
     if verdict not in (*DECIDED, "unknown") or record.get("ratio") is None:
         return f"{record['id']}  {verdict.upper()}  {record.get('reason') or ''}".rstrip()
     if record.get("mode") == "resident":
         return (f"{record['id']}  {verdict.upper()}  {_interval(record)}, "
-                f"{record.get('quads', 0)} ABBA quads over {len(record.get('pairs') or [])} launch pairs")
+                f"{record.get('quads', 0)} ABBA quads over {len(record.get('pairs') or [])} launch pairs"
+                + _detectable(record))
     return (f"{record['id']}  {verdict.upper()}  {_interval(record)}, "
-            f"{record['n_b']} vs {record['n_a']} launches")
+            f"{record['n_b']} vs {record['n_a']} launches" + _detectable(record))
 
 
 def exit_code(records: list[dict[str, Any]]) -> int:
@@ -184,8 +206,8 @@ class ABSession:
             for i, cell in enumerate(self.cells, 1):
                 self.log(f"[{i}/{len(self.cells)}] {cell.id}")
                 record = {"id": cell.id, "verdict": None, "reason": None, "ratio": None,
-                          "ci_low": None, "ci_high": None, "n_a": 0, "n_b": 0,
-                          "launches": [], "rounds": [], "checks": []}
+                          "ci_low": None, "ci_high": None, "detectable": None, "n_a": 0, "n_b": 0,
+                          "memory": None, "launches": [], "rounds": [], "checks": []}
                 self.data["cells"].append(record)
                 results = self._measure(cell, record)
                 self._other_checks(record, results)
@@ -214,20 +236,40 @@ class ABSession:
         atomic_write_json(self.path, self.data)
 
     def _measure(self, cell: Cell, record: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
-        """Resident windows where the cell allows them, else ABBA rounds of launches."""
+        """Resident windows where the cell (and its GPU's memory) allows them,
+        else ABBA rounds of launches."""
         refusal = (resident_refusal(cell, self.launch) if self.mode != "launches"
                    else "launch rounds asked for (--mode launches)")
+        plan = plan_memory(cell, self.launch) if refusal is None else None
+        if plan is not None:
+            self._plan(record, plan)
+            if plan.plan == LAUNCH_ROUNDS:
+                refusal = f"memory: {plan.reason}"
         record.update(mode="resident" if refusal is None else "launches", mode_reason=refusal)
         if refusal is None:
-            return self._measure_resident(cell, record)
+            results = self._measure_resident(cell, record, plan)
+            if record.get("memory") is None or record["memory"]["plan"] != LAUNCH_ROUNDS:
+                return results
+            refusal = f"memory: {record['memory']['reason']}"  # the first side left too little
+            record.update(mode="launches", mode_reason=refusal, pairs=[])
         if self.mode == "resident":
             record.update(verdict="error", reason=f"--mode resident: {refusal}")
+            self.write()
             return {"A": [], "B": []}
         self.log(f"  launch rounds: {refusal}")
         return self._measure_launches(cell, record)
 
-    def _measure_resident(self, cell: Cell, record: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
-        """Launch pairs, both sides resident in each, until the verdict over the pairs is decided."""
+    def _plan(self, record: dict[str, Any], plan: MemoryPlan) -> None:
+        """The memory plan said and kept, where it is new or changed."""
+        if record.get("memory") != plan.to_dict():
+            record["memory"] = plan.to_dict()
+            self.log(f"  {plan.line()}")
+            self.write()
+
+    def _measure_resident(self, cell: Cell, record: dict[str, Any],
+                          plan: MemoryPlan | None = None) -> dict[str, list[dict[str, Any]]]:
+        """Launch pairs, both sides resident in each, until the verdict over the pairs is decided.
+        A pair whose second side would not fit beside the first turns the cell's plan to launch rounds."""
         results: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
         record["pairs"], quads_by_pair = [], []
         confidence = pair_look_confidence(self.max_pairs)
@@ -241,7 +283,15 @@ class ABSession:
             # the second launch comes up beside a resident first one.
             first = ORDER[(pair - 1) % 2]
             run = run_pair(cell, opts, dirs, quads=self.quads, window_steps=self.window_steps,
-                           first=first)
+                           first=first, release=plan is not None and plan.release,
+                           need_bytes=plan.need_bytes if plan is not None else None)
+            if run.short:
+                peak = max((float(r.get("peak_reserved") or 0) for r in run.memory.get(first, [])),
+                           default=None)
+                self._plan(record, MemoryPlan(LAUNCH_ROUNDS, peak or (plan.peak_reserved if plan else None),
+                                              plan.device_total if plan else None,
+                                              f"side {first}'s warm-up in pair {pair}", run.short))
+                return {"A": [], "B": []}
             for name in ORDER[:2]:
                 result = run.results.get(name) or {"status": "error", "reason": run.error or "no result"}
                 self._file_launch(self.sides[name], pair, result, started, record)
@@ -253,10 +303,22 @@ class ABSession:
                 results[name].append(result)
             quads_by_pair.append(quad_log_ratios([(w["side"], w["value"]) for w in judged(run.windows)]))
             own = pair_estimate(quads_by_pair[-1])
+            memory = _pair_memory(run.memory)
             record["pairs"].append({"pair": pair, "first": first, "quads": own.quads,
                                     "ratio": _finite(own.ratio),
                                     "ci_low": _finite(own.ci_low), "ci_high": _finite(own.ci_high),
-                                    "ready_s": run.ready_s, "windows": run.windows})
+                                    "ready_s": run.ready_s, "windows": run.windows,
+                                    **({"memory": memory} if memory else {})})
+            if plan is not None and plan.peak_reserved is None and memory:  # now measured: plan again
+                measured = choose_plan(max(m["peak_reserved"] for m in memory.values()), plan.device_total,
+                                       f"the sides' warm-up in pair {pair}",
+                                       parked=max(m["parked"] for m in memory.values()) if plan.release else None)
+                if measured.plan == LAUNCH_ROUNDS:  # and yet it ran: go on as it did, each pair checked
+                    measured = replace(measured, plan=plan.plan, reason=(
+                        f"{measured.reason}; yet pair {pair} ran, its caches emptied when parked: the next "
+                        "pairs run so too, each second side started only where it fits"))
+                plan = measured
+                self._plan(record, plan)
             self.log(f"  pair {pair}: {own.quads} quads, ratio {own.ratio:.4g} "
                      f"(95 % CI {own.ci_low:.4g}-{own.ci_high:.4g}); ready after {run.ready_s or 0:.1f} s")
             if pair < MIN_PAIRS:
@@ -265,7 +327,8 @@ class ABSession:
             cmp = compare_windows(quads_by_pair, self.tolerance, confidence, min_pairs=MIN_PAIRS,
                                   firsts=[p["first"] for p in record["pairs"]])
             record.update(verdict=cmp.verdict, ratio=_finite(cmp.ratio), ci_low=_finite(cmp.ci_low),
-                          ci_high=_finite(cmp.ci_high), confidence=confidence, method=cmp.method,
+                          ci_high=_finite(cmp.ci_high), detectable=cmp.detectable,
+                          confidence=confidence, method=cmp.method,
                           quads=cmp.quads, tau2=cmp.tau2, heterogeneity_p=cmp.heterogeneity_p, dof=cmp.dof,
                           order_effect=cmp.order_effect, reason=cmp.reason or None)
             self.write()
@@ -341,6 +404,7 @@ class ABSession:
                                            statistic=self.statistic)
         verdict = {"verdict": cmp.verdict, "ratio": _finite(cmp.ratio),
                    "ci_low": _finite(cmp.ci_low), "ci_high": _finite(cmp.ci_high),
+                   "detectable": detectable_change(cmp.ci_low, cmp.ci_high),
                    "confidence": cmp.confidence, "p_value": _finite(cmp.p_value),
                    "n_a": n_a, "n_b": n_b, "method": cmp.method}
         record["rounds"].append({"round": round_, **verdict})
@@ -372,6 +436,14 @@ class ABSession:
             *runs, tolerance=self.tolerance, launch_statistic=self.statistic)
             if entry["name"] != "step_time"]
         self.write()
+
+
+def _pair_memory(told: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, float]]:
+    """Each side's peak reserved bytes and what it held parked, over its ranks
+    (their last word), from what the ranks of a CUDA cell said."""
+    return {side: {"peak_reserved": max(float(r.get("peak_reserved") or 0) for r in ranks),
+                   "parked": max(float(r.get("reserved") or 0) for r in ranks)}
+            for side, ranks in sorted(told.items()) if ranks}
 
 
 def _launches(results: list[dict[str, Any]]) -> list[list[float]]:

@@ -310,20 +310,42 @@ def _slow_name(slowdown: float) -> str:
     return f"slow {slowdown * 100:.4g}%"
 
 
+AB_FAULT_KINDS = ("slow", "gpu-sleep")  # what slows side B: host time, or device time (a CUDA cell's)
+
+
+def ab_fault(kind: str, cell: cells.Cell, slowdown: float) -> str:
+    """Side B's fault option for a slowdown: ``slow`` (host time after every
+    step), or ``gpu-sleep`` (device time after every optimizer step, sized
+    from the warm-up's steps: perfsuite.rank.faults)."""
+    from perfsuite.rank.faults import CALIBRATION_STEPS, GPU_SLEEP
+
+    if kind == "slow":
+        return f"slow:*:0:{slowdown}"
+    if kind == GPU_SLEEP:
+        if cell.device != "cuda":
+            raise ValueError(f"fault kind gpu-sleep needs a CUDA cell; {cell.id} runs on {cell.device}")
+        return f"{GPU_SLEEP}:*:{max(cell.warmup_steps, CALIBRATION_STEPS)}:{slowdown}"
+    raise ValueError(f"fault kind {kind!r}: use one of {', '.join(AB_FAULT_KINDS)}")
+
+
 def measure_ab_detection(trials: int = 20, cell_id: str = DEFAULT_CELL, steps: int = 40,
                          max_launches: int = 12, work_dir: Path | None = None, *,
                          tolerance: float = AB_TOLERANCE, mode: str = "auto",
                          slowdowns: tuple[float, ...] | None = None, resident: dict[str, int] | None = None,
+                         fault_kind: str = "slow",
                          log=lambda line: print(line, flush=True)) -> dict[str, Any]:
     """``perfsuite ab`` judged on itself: per trial, one A/B session per
     condition, side B the same interpreter with every training step slowed
     by 10 % or 5 % (or ``slowdowns``; or unchanged), judged at ``tolerance``
     (resident windows where the cell allows them, else launch rounds, as
-    ``perfsuite ab``; ``resident`` holds its window_steps, quads, max_pairs)."""
+    ``perfsuite ab``; ``resident`` holds its window_steps, quads, max_pairs).
+    ``fault_kind`` slows side B by host time (``slow``) or, on a CUDA cell,
+    by device time (``gpu-sleep``: ``ab_fault``)."""
     from perfsuite.gate.ab import ABSession, python_side
 
     conditions = ab_conditions(slowdowns)
     cell = cells.get(cell_id).replace(max_steps=steps)
+    faults = {name: ab_fault(fault_kind, cell, slowdown) for name, slowdown in conditions.items() if slowdown}
     work = Path(work_dir or tempfile.mkdtemp(prefix="perfsuite-ab-detection-"))
     records: list[dict[str, Any]] = []
     for trial in range(trials):
@@ -331,7 +353,7 @@ def measure_ab_detection(trials: int = 20, cell_id: str = DEFAULT_CELL, steps: i
         for name, slowdown in conditions.items():
             side_b = python_side("B", sys.executable)
             if slowdown:
-                side_b.workload_options = {"fault": f"slow:*:0:{slowdown}"}
+                side_b.workload_options = {"fault": faults[name]}
             started = time.time()
             session = ABSession([cell], python_side("A", sys.executable), side_b,
                                 work / f"trial{trial}" / _label(name), tolerance=tolerance,
@@ -342,7 +364,7 @@ def measure_ab_detection(trials: int = 20, cell_id: str = DEFAULT_CELL, steps: i
             record["conditions"][name] = {
                 "verdict": judged["verdict"], "ratio": judged.get("ratio"),
                 "ci_low": judged.get("ci_low"), "ci_high": judged.get("ci_high"),
-                "mode": judged.get("mode"), "pairs": len(judged.get("pairs") or []),
+                "detectable": judged.get("detectable"), "mode": judged.get("mode"), "pairs": len(judged.get("pairs") or []),
                 "launches": judged["n_a"] + judged["n_b"],
                 "seconds": round(time.time() - started, 1)}
             log(f"trial {trial + 1}/{trials} {name:<9} -> {judged['verdict']} "
@@ -351,11 +373,11 @@ def measure_ab_detection(trials: int = 20, cell_id: str = DEFAULT_CELL, steps: i
                 f"{time.time() - started:.0f} s)")
         records.append(record)
         atomic_write_json(work / "ab-detection.json", {"cell": cell.id, "tolerance": tolerance,
-                                                       "trials": records})
+                                                       "fault_kind": fault_kind, "trials": records})
     called = {name: Counter(r["conditions"][name]["verdict"] for r in records)
               for name in conditions}
     return {"cell": cell.id, "steps": steps, "max_launches": max_launches, "tolerance": tolerance,
-            "mode": mode, "trials": len(records), "work_dir": str(work),
+            "mode": mode, "fault_kind": fault_kind, "trials": len(records), "work_dir": str(work),
             "verdicts": {k: dict(v) for k, v in called.items()},
             "false_alarms": called["unchanged"]["regressed"],
             "unchanged_same": called["unchanged"]["same"],

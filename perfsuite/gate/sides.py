@@ -78,6 +78,37 @@ def parse_env(entries: list[str], flag: str) -> dict[str, str]:
     return env
 
 
+def parse_options(entries: list[str], flag: str) -> dict[str, str]:
+    """A side's workload options, KEY=VALUE entries, as a dict."""
+    options = {}
+    for entry in entries:
+        key, sep, value = entry.partition("=")
+        if not sep or not key:
+            raise ABError(f"{flag} {entry!r}: give KEY=VALUE, e.g. {flag} fault=gpu-sleep:*:5:0.02")
+        options[key] = value
+    return options
+
+
+def check_workload_options(side: Side, cells: list[Any]) -> None:
+    """A fault given to a side (perfsuite.rank.faults) read as its ranks will
+    read it, before anything is launched: a misspelt one, or ``gpu-sleep``
+    for a CPU cell (which it could not slow), is a usage error."""
+    text = side.workload_options.get("fault")
+    if not text:
+        return
+    from perfsuite.rank.faults import GPU_SLEEP, Fault
+
+    flag = f"--{side.label}-option fault={text}"
+    try:
+        fault = Fault.parse(text)
+    except ValueError as err:
+        raise ABError(f"{flag}: {err}") from None
+    cpu = [cell.id for cell in cells if cell.device != "cuda"]
+    if fault.kind == GPU_SLEEP and cpu:
+        raise ABError(f"{flag}: gpu-sleep needs a CUDA cell, and {cpu[0]} runs on cpu "
+                      "(slow:RANK:STEP:FRACTION slows a CPU cell)")
+
+
 def python_side(name: str, python: str, env: dict[str, str] | None = None) -> Side:
     """A side run by an existing interpreter.
 

@@ -100,6 +100,9 @@ class WindowComparison:
     method: str = METHOD
     reason: str = ""
     order_effect: float | None = None  # A-first pairs' ratio over B-first pairs', where modelled
+    # The smallest change this scatter resolves at ``confidence``: the interval's
+    # half-width as a ratio (``detectable_change``); None where there is no interval.
+    detectable: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -164,7 +167,19 @@ def compare_windows(quads_by_pair: Sequence[Sequence[float]], tolerance: float =
     method = METHOD + (", the launch order a fixed effect" if pooled.order_effect is not None else "")
     return WindowComparison(verdict, math.exp(pooled.mean), low, high, confidence, tolerance, quads, pairs,
                             pooled.tau2, pooled.heterogeneity_p, pooled.dof, method, "; ".join(reasons),
-                            pooled.order_effect)
+                            pooled.order_effect, detectable_change(low, high))
+
+
+def detectable_change(ci_low: float | None, ci_high: float | None) -> float | None:
+    """The smallest change an interval of a ratio resolves: its half-width as
+    a ratio, ``sqrt(high / low) - 1`` (for the pooled interval above,
+    ``exp(t * se) - 1``, whatever the ratio). A change smaller than it
+    leaves the interval around 1, so it cannot be called regressed or
+    improved; and ``same`` within ±tolerance needs it below the tolerance.
+    None where the interval is open or missing."""
+    if ci_low is None or ci_high is None or not (0 < ci_low <= ci_high < math.inf):
+        return None
+    return math.sqrt(ci_high / ci_low) - 1.0
 
 
 @dataclass(frozen=True)

@@ -13,18 +13,36 @@ Given as a workload option ``fault=KIND:RANK:STEP[:VALUE]``:
   four float32 values (16 bytes); give RANK ``*``, or the others wait for it.
 - ``copy``: from that step on, every step copies every parameter once more.
 
-The last two change what a step does, not only how long it takes: the work
-counters' own test of detection.
+- ``gpu-sleep``: from that step on, every step of the rank adds VALUE (a
+  fraction, 0.02 = 2 %) of its measured duration as device time: after the
+  optimizer step, ``torch.cuda._sleep(cycles)`` on the current stream, so
+  the host goes on queueing and nothing is synchronised. The sleep is sized
+  once, at STEP: the median of the steps before STEP (timed, synchronised:
+  STEP of at least ``CALIBRATION_STEPS``, e.g. the warm-up), times the
+  cycles a second that ``torch.cuda._sleep`` took when timed with CUDA
+  events (``calibrate_sleep``). Where ``slow`` adds host time, which a
+  GPU-bound step hides behind its queued kernels, this adds what a slower
+  kernel would: acceptance runs of ``perfsuite ab`` on a GPU give it to
+  side B (``--b-option fault=gpu-sleep:*:5:0.02``). A CUDA cell's only: a
+  CPU cell's ranks fail with "needs a CUDA cell". The image workload's.
+
+The ``allreduce`` and ``copy`` faults change what a step does, not only how
+long it takes: the work counters' own test of detection.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
-KINDS = ("raise", "hang", "kill", "slow", "allreduce", "copy")
+GPU_SLEEP = "gpu-sleep"
+KINDS = ("raise", "hang", "kill", "slow", "allreduce", "copy", GPU_SLEEP)
+CALIBRATION_STEPS = 3  # gpu-sleep: steps measured before STEP; their median sizes the sleep
+CALIBRATION_S = 0.02  # a timed calibration sleep lasts at least this: its launch is then noise
 
 
 @dataclass(frozen=True)
@@ -40,7 +58,15 @@ class Fault:
         if len(parts) not in (3, 4) or parts[0] not in KINDS:
             raise ValueError(f"fault {text!r}: expected KIND:RANK:STEP[:VALUE], KIND in {KINDS}")
         value = float(parts[3]) if len(parts) == 4 else 0.0
-        return cls(parts[0], parts[1], int(parts[2]), value)
+        fault = cls(parts[0], parts[1], int(parts[2]), value)
+        if fault.kind == GPU_SLEEP:
+            if len(parts) != 4 or not value > 0:
+                raise ValueError(f"fault {text!r}: give gpu-sleep:RANK:STEP:FRACTION, FRACTION above 0 "
+                                 "(0.02: 2 % of a step)")
+            if fault.step < CALIBRATION_STEPS:
+                raise ValueError(f"fault {text!r}: gpu-sleep needs a STEP of at least {CALIBRATION_STEPS}: "
+                                 "the steps before it are timed to size the sleep (e.g. the warm-up's)")
+        return fault
 
     def applies(self, rank: int, step: int) -> bool:
         return self.rank in ("*", str(rank)) and step >= self.step
@@ -48,6 +74,18 @@ class Fault:
 
 def from_options(options: dict[str, str]) -> Fault | None:
     return Fault.parse(options["fault"]) if options.get("fault") else None
+
+
+def timed(fault: Fault | None, rank: int, step: int) -> bool:
+    """Whether the workload times this step itself, synchronising the device
+    after it: every step of a launch with a fault, except that ``gpu-sleep``
+    times only the steps that size it (before STEP, on its ranks), so that
+    what it adds is device time alone."""
+    if fault is None:
+        return False
+    if fault.kind == GPU_SLEEP:
+        return fault.rank in ("*", str(rank)) and step < fault.step
+    return True
 
 
 def at_step(fault: Fault | None, rank: int, step: int) -> None:
@@ -82,3 +120,75 @@ def extra_work(fault: Fault | None, rank: int, step: int, model) -> None:
     else:
         for param in model.parameters():
             param.detach().clone()
+
+
+def calibrate_sleep(device: Any) -> float:
+    """Cycles a second of ``torch.cuda._sleep`` on the current stream of
+    ``device``, timed with CUDA events: a sleep of a million cycles, made
+    longer until it lasts ``CALIBRATION_S`` (its launch is then a small
+    part of it). The SMs' clock is what it counts."""
+    import torch
+
+    torch.cuda._sleep(1000)  # its first launch loads the kernel: not timed
+    cycles, seconds = 1_000_000, 0.0
+    for _ in range(12):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+        seconds = start.elapsed_time(end) / 1e3
+        if seconds >= CALIBRATION_S:
+            break
+        cycles = int(cycles * min(16.0, max(2.0, 1.5 * CALIBRATION_S / max(seconds, 1e-6))))
+    if not seconds > 0:
+        raise RuntimeError(f"gpu-sleep: torch.cuda._sleep({cycles}) took no time on {device}; "
+                           "the sleep cannot be sized")
+    return cycles / seconds
+
+
+@dataclass
+class GpuSleep:
+    """The ``gpu-sleep`` fault on one rank: ``observe`` each step timed
+    before STEP (``timed``), ``after_step`` after every step's optimizer."""
+
+    fault: Fault
+    device: Any
+    seconds: list[float] = field(default_factory=list)  # the steps measured before STEP
+    cycles: int | None = None  # the sleep after each step from STEP on
+    step_s: float | None = None  # the median step it was sized from
+    cycles_per_s: float | None = None
+
+    @classmethod
+    def for_rank(cls, fault: Fault | None, rank: int, device: Any) -> GpuSleep | None:
+        """This rank's sleeper, None where the fault is another or another rank's;
+        a ValueError on a CPU cell, where it could add nothing."""
+        if fault is None or fault.kind != GPU_SLEEP:
+            return None
+        kind = getattr(device, "type", str(device).split(":")[0])
+        if kind != "cuda":
+            raise ValueError(f"injected fault {fault.kind}:{fault.rank}:{fault.step}:{fault.value}: "
+                             f"gpu-sleep needs a CUDA cell (this one runs on {kind}); "
+                             "slow:RANK:STEP:FRACTION slows a CPU cell")
+        return cls(fault, device) if fault.rank in ("*", str(rank)) else None
+
+    def observe(self, step: int, seconds: float) -> None:
+        if step < self.fault.step:
+            self.seconds.append(seconds)
+
+    def after_step(self, step: int) -> None:
+        """From STEP on, the sleep queued on the current stream (sized at the first)."""
+        if step < self.fault.step:
+            return
+        if self.cycles is None:
+            self.cycles = self.size()
+        import torch
+
+        torch.cuda._sleep(self.cycles)
+
+    def size(self) -> int:
+        if not self.seconds:
+            raise RuntimeError(f"gpu-sleep: no step was timed before step {self.fault.step} to size it")
+        self.step_s = float(statistics.median(self.seconds))
+        self.cycles_per_s = calibrate_sleep(self.device)
+        return max(1, round(self.fault.value * self.step_s * self.cycles_per_s))

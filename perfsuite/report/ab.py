@@ -53,12 +53,23 @@ def _side(side: Mapping[str, Any]) -> str:
             + "</li>")
 
 
+def _gb(value: Any) -> str:
+    return f"{value / 1e9:.1f} GB" if isinstance(value, (int, float)) else "?"
+
+
 def _cell(cell: Mapping[str, Any]) -> str:
     verdict = cell["verdict"] or "interrupted"
     rows = [f'<tr><th>verdict</th><td class="v-{esc(verdict)}">{esc(verdict)}</td></tr>',
             f"<tr><th>ratio B/A</th>{td(cell.get('ratio'))}</tr>",
             f"<tr><th>95 % interval</th>{td(cell.get('ci_low'))}{td(cell.get('ci_high'))}</tr>",
             f"<tr><th>launches A, B</th>{td(cell['n_a'])}{td(cell['n_b'])}</tr>"]
+    if cell.get("detectable") is not None:  # the interval's half-width: what its scatter resolved
+        rows.append(f"<tr><th>smallest detectable change</th><td>{cell['detectable'] * 100:.2f} %</td></tr>")
+    memory = cell.get("memory")
+    if memory:  # how a CUDA cell's two resident sides shared its GPU
+        rows.append(f"<tr><th>memory plan</th><td>{esc(memory.get('plan'))}: peak reserved "
+                    f"{_gb(memory.get('peak_reserved'))} a side of {_gb(memory.get('device_total'))} "
+                    f"({esc(memory.get('source'))}); {esc(memory.get('reason'))}</td></tr>")
     notes = [cell["reason"]] if cell.get("reason") else []
     notes += [f"{c['name']} {c['verdict']}: {c.get('message', '')}" for c in cell.get("checks", [])
               if c["verdict"] not in ("same", "pass", "skipped")]

@@ -279,6 +279,7 @@ def run(cell: Cell, ctx: RankContext) -> dict[str, Any]:
     steps = steps_per_epoch(cell.strategy, len(loader), ctx.world_size, cell.max_steps)
     plain_step = make_train_step(cell, model, device, phase, total_steps=steps * cell.epochs)
     fault = faults.from_options(ctx.options)
+    sleeper = faults.GpuSleep.for_rank(fault, ctx.rank, device)  # gpu-sleep; a CPU cell refuses it
     step_index = 0
 
     def train_step(images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -321,14 +322,19 @@ def run(cell: Cell, ctx: RankContext) -> dict[str, Any]:
 
     def step_on(images: torch.Tensor, labels: torch.Tensor) -> None:
         nonlocal step_index
-        if fault is None:
+        if not faults.timed(fault, ctx.rank, step_index):
             losses.append(train_step(images, labels))
-        else:  # injected slowdown: the step's own duration, scaled
+        else:  # injected slowdown (or gpu-sleep's sizing): the step's own duration
             began = time.perf_counter()
             losses.append(train_step(images, labels))
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            faults.slow_down(fault, ctx.rank, step_index, time.perf_counter() - began)
+            seconds = time.perf_counter() - began
+            faults.slow_down(fault, ctx.rank, step_index, seconds)
+            if sleeper is not None:
+                sleeper.observe(step_index, seconds)
+        if sleeper is not None:  # device time queued after the optimizer step
+            sleeper.after_step(step_index)
         step_index += 1
 
     partial = False

@@ -191,7 +191,11 @@ def test_terminal_shows_launches_rounds_and_the_summary(tmp_path, monkeypatch, c
     assert "  round 1: 2 vs 2 launches" in out and "  round 2: REGRESSED  ratio 1." in out
     summary = next(line for line in out.splitlines() if line.startswith(SMOKE_CELL))
     assert summary.startswith(f"{SMOKE_CELL}  REGRESSED  ratio 1.")
-    assert "(95 % CI " in summary and summary.endswith(", 4 vs 4 launches")
+    assert "(95 % CI " in summary and re.search(r", 4 vs 4 launches; smallest detectable change "
+                                                r"\d+\.\d\d %$", summary), summary
+    record = saved(tmp_path)["cells"][0]
+    assert record["detectable"] == pytest.approx(math.sqrt(record["ci_high"] / record["ci_low"]) - 1)
+    assert f"{record['detectable'] * 100:.2f} %" in summary
     sides = saved(tmp_path)["settings"]["sides"]
     assert sides["B"]["env"] == {"PYTHONSAFEPATH": "1", "FAKE_SLOW": "0.1"}
     assert sides["A"]["python"] == sys.executable and sides["A"]["ref"] is None
@@ -203,6 +207,15 @@ def test_the_report_section_has_a_table_per_cell_and_the_figure(tmp_path, monkey
     page = ab_section_html(saved(tmp_path), "ab.png")
     assert "<h3>smoke/image/ddp-ds/c1/fp32/px16/nopin/nchw</h3>" in page
     assert 'class="v-same"' in page and 'src="ab.png"' in page
+    detectable = saved(tmp_path)["cells"][0]["detectable"]
+    assert f"<tr><th>smallest detectable change</th><td>{detectable * 100:.2f} %</td></tr>" in page
+    data = saved(tmp_path)
+    data["cells"][0]["memory"] = {"plan": "resident-release", "peak_reserved": 56434360320,
+                                  "device_total": 85520809984, "source": "baselines h100-80gb-hbm3-80gb-x1",
+                                  "reason": "two sides at their peak would need 115.0 GB"}
+    page = ab_section_html(data, "")
+    assert ("<tr><th>memory plan</th><td>resident-release: peak reserved 56.4 GB a side of 85.5 GB "
+            "(baselines h100-80gb-hbm3-80gb-x1); two sides at their peak would need 115.0 GB</td></tr>") in page
     assert (tmp_path / "ab.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -449,6 +462,10 @@ def test_a_resident_session_takes_the_launch_order_out_of_its_interval(tmp_path,
     assert [p["first"] for p in record["pairs"]] == ["A", "B", "A", "B"]
     assert record["verdict"] == "same" and code == ab.EXIT_OK
     assert record["order_effect"] == pytest.approx(1 / 1.0085 ** 2, abs=0.003)
+    assert 0 < record["detectable"] == pytest.approx(math.sqrt(record["ci_high"] / record["ci_low"]) - 1)
+    assert record["detectable"] < 0.005 and ab.summary_line(record).endswith(
+        f"; smallest detectable change {record['detectable'] * 100:.2f} %")
+    assert record["memory"] is None  # a CPU cell: no device memory to plan
     assert "launched first" in record["reason"] and record["ci_high"] - record["ci_low"] < 0.01
 
 
@@ -477,3 +494,53 @@ def test_ab_refuses_a_folder_holding_another_kind_of_session(tmp_path, capsys, l
     assert cli.main(["ab", SMOKE_CELL, "--out", str(tmp_path)]) == 2
     assert f"already holds {what} ({left})" in capsys.readouterr().err
     assert (tmp_path / left).read_text() == "{}"
+
+
+# -- a side's own workload options: an injected fault on side B --------------------------
+
+def test_a_sides_workload_option_reaches_its_launches_only(tmp_path, monkeypatch):
+    fake = fake_launches(monkeypatch, launch_sigma=0.02)
+    monkeypatch.setattr("perfsuite.gate.ab.check_interpreter", lambda side: None)
+    code = cli.main(["ab", SMOKE_CELL, "--b-option", "fault=slow:*:0:0.1", "--out", str(tmp_path),
+                     "--mode", "launches"])
+    assert code == ab.EXIT_REGRESSED and saved(tmp_path)["cells"][0]["verdict"] == "regressed"
+    for opts, (_, out_dir, _, _) in zip(fake.opts, fake.calls):
+        assert opts.options == ({"fault": "slow:*:0:0.1"} if out_dir.parent.name == "b" else {})
+    assert saved(tmp_path)["settings"]["sides"]["B"]["workload_options"] == {"fault": "slow:*:0:0.1"}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--b-option", "fault"], "--b-option 'fault': give KEY=VALUE"),
+    (["--b-option", "fault=nap:*:3"], "--b-option fault=nap:*:3: fault 'nap:*:3'"),
+    (["--b-option", "fault=gpu-sleep:*:5:0.02", "--allow-no-gpu"], "gpu-sleep needs a CUDA cell"),
+])
+def test_a_fault_a_side_cannot_run_is_refused_before_anything_launches(tmp_path, capsys, monkeypatch,
+                                                                        argv, message):
+    monkeypatch.setattr("perfsuite.gate.ab.run_cell", lambda *a, **kw: pytest.fail("launched"))
+    code = cli.main(["ab", SMOKE_CELL, "--out", str(tmp_path), *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err, err
+    assert not (tmp_path / "ab.json").exists()
+
+
+def test_the_detection_benchmark_slows_side_b_on_its_gpu_where_asked(tmp_path, monkeypatch):
+    """`measure_ab_detection(fault_kind="gpu-sleep")`: side B's steps slowed
+    by device time (the gpu-sleep fault, sized after the warm-up); a CPU cell
+    refuses it."""
+    from perfsuite.gate import detection
+
+    with pytest.raises(ValueError, match="needs a CUDA cell"):
+        detection.measure_ab_detection(trials=1, work_dir=tmp_path / "cpu", mode="launches",
+                                       fault_kind="gpu-sleep", log=lambda line: None)
+    with pytest.raises(ValueError, match="fault kind 'nap'"):
+        detection.measure_ab_detection(trials=1, work_dir=tmp_path / "cpu", fault_kind="nap",
+                                       log=lambda line: None)
+    fake_launches(monkeypatch)
+    gpu_cell = "gate/image/ddp-ds/g1/fp32/px500/pin/nchw"
+    out = detection.measure_ab_detection(trials=1, cell_id=gpu_cell, steps=40, work_dir=tmp_path / "gpu",
+                                         mode="launches", slowdowns=(0.02,), fault_kind="gpu-sleep",
+                                         log=lambda line: None)
+    assert out["fault_kind"] == "gpu-sleep" and set(out["caught"]) == {"slow 2%"}
+    slowed = json.loads((tmp_path / "gpu" / "trial0" / "slow2" / "ab.json").read_text())
+    warmup = cells.get(gpu_cell).warmup_steps
+    assert slowed["settings"]["sides"]["B"]["workload_options"] == {"fault": f"gpu-sleep:*:{warmup}:0.02"}

@@ -204,3 +204,22 @@ def test_the_order_model_covers_the_truth_about_as_often_as_it_says(order_effect
                               confidence=0.99, firsts=FIRSTS)
         missed += not (cmp.ci_low <= 1.0 <= cmp.ci_high)
     assert missed / trials <= at_most
+
+
+def test_the_smallest_detectable_change_is_the_intervals_half_width():
+    """What the scatter of a session resolves at its confidence: the pooled
+    interval's half-width as a ratio, the same whatever the ratio itself."""
+    from perfsuite.judge.windowstats import detectable_change
+
+    rng = np.random.default_rng(7)
+    quiet = compare_windows(noisy_pairs(rng, 1.0, pairs=4, sd=0.004), 0.02, 0.99)
+    moved = compare_windows([[d + math.log(1.05) for d in pair] for pair in noisy_pairs(
+        np.random.default_rng(7), 1.0, pairs=4, sd=0.004)], 0.02, 0.99)
+    assert quiet.detectable == pytest.approx(math.sqrt(quiet.ci_high / quiet.ci_low) - 1, rel=1e-9)
+    assert quiet.detectable == pytest.approx(moved.detectable, rel=1e-9)
+    assert 0 < quiet.detectable < 0.01  # 0.4 % window noise, 64 quads: 1 % is resolvable
+    noisy = compare_windows(noisy_pairs(rng, 1.0, sd=0.04), 0.02, 0.99)
+    assert noisy.detectable > 0.01
+    assert detectable_change(0.98, 1.02) == pytest.approx(math.sqrt(1.02 / 0.98) - 1)
+    assert detectable_change(0.0, math.inf) is None and detectable_change(None, 1.1) is None
+    assert compare_windows(noisy_pairs(rng, 1.0, pairs=1)).detectable is None  # no verdict, nothing resolved
