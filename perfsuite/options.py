@@ -152,6 +152,8 @@ def add_launch_options(add: Callable[..., Any], prefix: str = "--") -> dict[str,
 
 # perfsuite ab's resident windows (perfsuite.gate.resident). On the 2-core VM a
 # smoke step takes ~50 ms: a quad of 5-step windows ~1.2 s, a launch pair ~30 s.
+# What slows side B in the A/B detection benchmark (perfsuite.gate.detection)
+AB_FAULT_KINDS = ("slow", "gpu-sleep")
 AB_MODES = ("auto", "resident", "launches")  # auto: resident where the cell allows it
 DEFAULT_WINDOW_STEPS, DEFAULT_QUADS, DEFAULT_MAX_PAIRS = 5, 16, 4
 

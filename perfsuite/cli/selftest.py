@@ -53,6 +53,9 @@ def _verdict_detection_options(p: argparse.ArgumentParser) -> None:
                    help="with --ab: launches a side before an A/B session in launch rounds says unknown")
     p.add_argument("--tolerance", type=float, default=0.02, metavar="FRACTION",
                    help="with --ab: the sessions' tolerance (default 0.02: well below the 5 %% change called)")
+    p.add_argument("--fault-kind", choices=options.AB_FAULT_KINDS, default=options.AB_FAULT_KINDS[0],
+                   help="with --ab: how side B is slowed: slow (host time after each step) or gpu-sleep "
+                        "(device time after each optimizer step, sized from the measured step; CUDA cells)")
     p.add_argument("--slowdowns", metavar="F[,F...]",
                    help="with --ab: side B slowed by these fractions besides unchanged (default: 0.10,0.05)")
     options.add_resident_options(p.add_argument, note="with --ab, as perfsuite ab: ")
@@ -149,6 +152,7 @@ def cmd_verdict_detection(args: argparse.Namespace) -> int:
             out = measure_ab_detection(trials=args.trials, cell_id=args.cell, steps=args.steps,
                                        max_launches=args.max_launches, work_dir=args.out,
                                        tolerance=args.tolerance, mode=args.mode, slowdowns=slowdowns,
+                                       fault_kind=args.fault_kind,
                                        resident={"window_steps": args.window_steps, "quads": args.quads,
                                                  "max_pairs": args.max_pairs})
         except ValueError as err:

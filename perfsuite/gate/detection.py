@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from perfsuite import cells
+from perfsuite import cells, options
 from perfsuite.judge import launchstats
 from perfsuite.judge.baselines import load_all
 from perfsuite.judge.judging import judge, needs_more_launches
@@ -310,7 +310,7 @@ def _slow_name(slowdown: float) -> str:
     return f"slow {slowdown * 100:.4g}%"
 
 
-AB_FAULT_KINDS = ("slow", "gpu-sleep")  # what slows side B: host time, or device time (a CUDA cell's)
+AB_FAULT_KINDS = options.AB_FAULT_KINDS  # what slows side B: host time, or device time (a CUDA cell's)
 
 
 def ab_fault(kind: str, cell: cells.Cell, slowdown: float) -> str:

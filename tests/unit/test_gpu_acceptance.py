@@ -1,0 +1,108 @@
+"""The GPU acceptance script (.ci/gpu-acceptance): what it runs is what the
+suite offers (cells of the gate tier, options its parsers take), and a run
+cut short by its budget hands back what it finished, with hashes."""
+
+import hashlib
+import os
+import shlex
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from perfsuite import cells
+from perfsuite.cli.main import build_parser
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / ".ci" / "gpu-acceptance"
+
+
+def dry_run(*parts: str) -> dict[str, list[list[str]]]:
+    """Each part's commands, as argv lists."""
+    out = subprocess.run(["bash", str(SCRIPT), "--dry-run", *parts], capture_output=True, text=True,
+                         check=True, env={**os.environ, "PERFSUITE_PYTHON": "python3"}).stdout
+    commands: dict[str, list[list[str]]] = {}
+    for line in out.splitlines():
+        if line.startswith("# "):
+            part = line.split()[1]
+            commands[part] = []
+        else:
+            commands[part].append(shlex.split(line))
+    return commands
+
+
+def test_the_parts_run_in_order_doctor_gate_ab_llm_profile():
+    assert list(dry_run()) == ["doctor", "gate", "ab", "llm", "profile"]
+    assert list(dry_run("ab", "doctor")) == ["ab", "doctor"]
+
+
+def test_an_unknown_part_is_refused_naming_the_parts():
+    done = subprocess.run(["bash", str(SCRIPT), "gpu"], capture_output=True, text=True)
+    assert done.returncode == 2 and "doctor gate ab llm profile" in done.stderr
+
+
+def test_every_cell_it_names_is_a_one_gpu_gate_cell_and_the_ab_cells_are_the_three_asked_for():
+    named = [argv[argv.index(flag) + 1] for commands in dry_run().values() for argv in commands
+             for flag in ("--cell", "--perf-cell") if flag in argv]
+    gate = {c.id: c for c in cells.select(tier="gate")}
+    assert named and all(cell in gate and gate[cell].world_size == 1 for cell in named)
+    ab = [gate[argv[argv.index("--cell") + 1]] for argv in dry_run("ab")["ab"]]
+    assert {(c.precision, c.pin_memory, c.image_size) for c in ab} == {
+        ("fp64", False, 500), ("fp32", False, 500), ("fp32", True, 500)}
+
+
+def test_its_perfsuite_commands_parse():
+    parser = build_parser()
+    for part, commands in dry_run().items():
+        for argv in commands:
+            if argv[1:3] == ["-m", "perfsuite"]:
+                args = parser.parse_args(argv[3:])
+                assert args.func is not None, (part, argv)
+
+
+def test_its_pytest_options_are_the_plugins_and_the_gate_runs_as_the_workflow_does():
+    helped = subprocess.run([sys.executable, "-m", "pytest", "--help", "-p", "no:cacheprovider"],
+                            capture_output=True, text=True, cwd=ROOT).stdout
+    for commands in dry_run().values():
+        for argv in commands:
+            for option in (a for a in argv if a.startswith("--perf-")):
+                assert option in helped, option
+    gate = dry_run("gate")["gate"][0]
+    workflow = (ROOT / ".github" / "workflows" / "perfsuite-gpu.yml").read_text()
+    for option in ("--perf-tier", "--perf-fail-on-skipped", "--perf-runner-baselines", "--perf-record-new"):
+        assert option in gate and option in workflow, option
+
+
+@pytest.fixture
+def stub_python(tmp_path):
+    """An interpreter that runs nothing: it logs each command and takes 2 s."""
+    stub = tmp_path / "python"
+    stub.write_text('#!/usr/bin/env bash\necho "$@" >> "$STUB_LOG"\n'
+                    'case "$*" in *doctor*) sleep 2; echo "doctor ran" ;; esac\nexit 0\n')
+    stub.chmod(0o755)
+    return stub
+
+
+def test_a_run_cut_short_by_its_budget_hands_back_what_it_finished(tmp_path, stub_python):
+    out, work = tmp_path / "out", tmp_path / "work"
+    env = {**os.environ, "PERFSUITE_PYTHON": str(stub_python), "STUB_LOG": str(tmp_path / "calls"),
+           "OUT": str(out), "PERFSUITE_ACCEPTANCE_DIR": str(work), "PERFSUITE_ACCEPTANCE_BUDGET_S": "31"}
+    done = subprocess.run(["bash", str(SCRIPT), "doctor", "gate"], capture_output=True, text=True,
+                          env=env, cwd=ROOT)
+    assert done.returncode == 1  # a part asked for did not run
+    summary = (out / "summary.txt").read_text().splitlines()
+    assert "part rc wall_s" in summary
+    doctor = next(line for line in summary if line.startswith("doctor "))
+    assert doctor.split()[1] == "0" and int(doctor.split()[2]) >= 2
+    assert any(line.startswith("gate not-run") and "budget spent" in line for line in summary)
+    assert "pytest" not in (tmp_path / "calls").read_text()  # the gate never started
+    with tarfile.open(out / "acceptance.tgz") as tar:
+        names = tar.getnames()
+        sums = tar.extractfile("SHA256SUMS").read().decode().splitlines()
+        for line in sums:
+            digest, name = line.split(maxsplit=1)
+            assert hashlib.sha256(tar.extractfile(name).read()).hexdigest() == digest
+    assert "./doctor.log" in names and "./summary.txt" in names
+    assert "doctor ran" in (work / "doctor.log").read_text()
