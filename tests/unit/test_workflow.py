@@ -374,3 +374,9 @@ if __name__ == "__main__":
         print(f'          - shard: "{k:02d}"')
         print("            cells:")
         print("\n".join(f"              - {c}" for c in shard))
+
+
+def test_the_pull_request_ab_judges_the_one_gpu_image_cells_at_2_percent():
+    step = steps_of("ab")["Gate cells on one GPU, base against head"]["run"]
+    assert "--tolerance 0.02" in step and "--gpus 0" in step
+    assert "grep '^gate/image/.*/g1/'" in step and 'if [ "$status" -eq 3 ]' in step  # undecided warns
