@@ -91,6 +91,12 @@ def test_unchanged_is_green_and_lists_the_cells_that_need_more_gpus_once(pyteste
     assert {judged[c]["work_counters"]["verdict"] for c in STORED} == {"pass"}
     page = (pytester.path / "a" / "report.html").read_text()
     assert "2 cell(s) not run: they need 2-4 GPUs, 1 present" in page
+    from perfsuite.report.markdown import summary_markdown
+    from perfsuite.results import load
+
+    job_summary = summary_markdown(load(pytester.path / "a"), "gate")
+    assert "- 2 cell(s) not run: they need 2-4 GPUs, 1 present." in job_summary
+    assert "Every cell that could run here ran and none of the" in job_summary
 
 
 def test_a_slowed_cell_is_red(pytester, one_gpu_runner):
