@@ -4,9 +4,11 @@ import re
 from pathlib import Path
 
 from perfsuite.cli import reference as cli_reference
+from perfsuite.system import envvars
 
 ROOT = Path(__file__).resolve().parents[2]
 LINK = re.compile(r"\]\(([^)#\s]+)(#[^)]*)?\)")
+ENV_NAME = re.compile(rb"PERFSUITE_[A-Z0-9_]+")
 
 
 def markdown_files():
@@ -28,6 +30,50 @@ def test_every_command_and_option_is_in_the_reference():
         for action in parser._actions:
             if action.help != "==SUPPRESS==" and action.option_strings and action.option_strings[0] != "-h":
                 assert f"`{action.option_strings[0]}`" in page, (path, action.option_strings)
+
+
+def test_the_environment_reference_is_what_the_registry_says():
+    written = (ROOT / "docs" / "reference" / "environment.md").read_text()
+    assert written == envvars.render(), (
+        "docs/reference/environment.md is out of date: "
+        "python -m perfsuite.system.envvars > docs/reference/environment.md")
+
+
+def perfsuite_names() -> dict[str, str]:
+    """Every PERFSUITE_* name in perfsuite/, .ci/ and .github/, and a file it is in."""
+    found: dict[str, str] = {}
+    for top in ("perfsuite", ".ci", ".github"):
+        for path in sorted((ROOT / top).rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                for name in sorted(set(ENV_NAME.findall(path.read_bytes()))):
+                    found.setdefault(name.decode(), str(path.relative_to(ROOT)))
+    return found
+
+
+def test_every_perfsuite_variable_is_in_the_registry():
+    found = perfsuite_names()
+    assert {"PERFSUITE_CACHE_DIR", "PERFSUITE_INSTALLER", "PERFSUITE_MNIST_DIR"} <= set(found)  # all three trees
+    unknown = {name: where for name, where in found.items()
+               if name not in envvars.by_name() and name not in envvars.NOT_VARIABLES}
+    assert not unknown, ("add each to perfsuite/system/envvars.py, then python -m perfsuite.system.envvars "
+                         f"> docs/reference/environment.md: {unknown}")
+
+
+def test_the_registry_names_files_that_read_or_set_each_variable():
+    """Each file the registry names holds the variable's name, or the name of
+    a constant that holds it (``SOCKET_ENV = "PERFSUITE_WINDOWS"``)."""
+    constants: dict[str, set[str]] = {}
+    for path in (ROOT / "perfsuite").rglob("*.py"):
+        for constant, name in re.findall(r'^(\w+) = "(PERFSUITE_[A-Z0-9_]+)"', path.read_text(), re.M):
+            constants.setdefault(name, set()).add(constant)
+    wrong = []
+    for var in envvars.VARIABLES:
+        for place in (*var.read_by, *var.set_by):
+            text = (ROOT / place).read_text() if (ROOT / place).is_file() else ""
+            if not any(word in text for word in (var.name, *constants.get(var.name, ()))):
+                wrong.append(f"{var.name}: {place}")
+    assert not wrong and not set(envvars.by_name()) & set(envvars.NOT_VARIABLES), wrong
+    assert len(envvars.by_name()) == len(envvars.VARIABLES)
 
 
 def test_every_relative_link_of_the_docs_leads_to_a_file():

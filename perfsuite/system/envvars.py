@@ -1,0 +1,275 @@
+"""Every ``PERFSUITE_*`` environment variable in one place: what it means, its
+default, who reads it and, for those perfsuite sets itself, who sets it.
+
+docs/reference/environment.md is made from this registry, and
+tests/unit/test_docs.py checks that page against it and that every
+``PERFSUITE_*`` name in perfsuite/, .ci/ and .github/ is listed here, so a
+variable cannot go undocumented:
+
+    python -m perfsuite.system.envvars > docs/reference/environment.md
+
+Standard library only, and nothing of perfsuite: every floor may import it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PACKAGE, SCRIPTS, WORKFLOW, INTERNAL = "package", "scripts", "workflow", "internal"
+
+
+@dataclass(frozen=True)
+class Variable:
+    name: str
+    meaning: str
+    default: str  # what holds while it is unset
+    read_by: tuple[str, ...]  # files that read it, relative to the repository root
+    set_by: tuple[str, ...] = ()  # files that set it for the processes they start
+    internal: bool = False  # perfsuite sets it for its own processes; nobody sets it by hand
+
+    @property
+    def section(self) -> str:
+        """Where it belongs on the page: perfsuite's own (internal), read by
+        the package, by the scripts in .ci/, or a repository variable of the
+        example workflow."""
+        if self.internal:
+            return INTERNAL
+        if any(path.startswith("perfsuite/") for path in self.read_by):
+            return PACKAGE
+        return SCRIPTS if any(path.startswith(".ci/") for path in self.read_by) else WORKFLOW
+
+
+def _user(name: str, meaning: str, default: str, *read_by: str, set_by: tuple[str, ...] = ()) -> Variable:
+    return Variable(name, meaning, default, read_by, set_by)
+
+
+def _internal(name: str, meaning: str, default: str, set_by: tuple[str, ...], *read_by: str) -> Variable:
+    return Variable(name, meaning, default, read_by, set_by, internal=True)
+
+
+WORKFLOW_FILE = ".github/workflows/perfsuite-gpu.yml"
+
+VARIABLES: tuple[Variable, ...] = (
+    # -- set by you, read by perfsuite itself
+    _user("PERFSUITE_BASELINES",
+          "The baselines root: one folder per hardware profile (baselines/README.md). A root named here "
+          "must be one: a misspelt path is an error, never every check quietly skipped. `--baselines` "
+          "(pytest: `--perf-baselines`) wins over it.",
+          "the project's baselines/ (perfsuite/_baselines in a wheel)",
+          "perfsuite/judge/baselines.py"),
+    _user("PERFSUITE_CACHE_DIR",
+          "Where files made once and reused by later launches go: generated data sets, the 16 GB random "
+          "Llama3-8B checkpoint. `--option cache_dir=DIR` wins over it.",
+          "$XDG_CACHE_HOME/perfsuite, else ~/.cache/perfsuite",
+          "perfsuite/context.py", "perfsuite/runner.py", "perfsuite/doctor/checks.py",
+          set_by=(".ci/gpu-acceptance", WORKFLOW_FILE)),
+    _user("PERFSUITE_CACHE",
+          "The short form of PERFSUITE_CACHE_DIR, read where that is unset.",
+          "unset",
+          "perfsuite/context.py", "perfsuite/runner.py"),
+    _user("PERFSUITE_EXPERIMENTS",
+          "More experiment files, or folders of `*.toml`, separated by `os.pathsep` (`:`): their cells join "
+          "the matrix. pytest's ini option `perf_experiments` does the same for a session.",
+          "none: the suite's own experiments only",
+          "perfsuite/cells.py"),
+    _user("PERFSUITE_HISTORY",
+          "The history store a run is added to and `history` reads when none is named: an SQLite file or "
+          "any SQLAlchemy URL (`postgresql://user@host/db`); `off` keeps no history. `--history` (pytest: "
+          "`--perf-history`) wins over it.",
+          ".perfsuite/history.sqlite",
+          "perfsuite/history/schema.py", "perfsuite/history/purpose.py", "perfsuite/doctor/checks.py"),
+    _user("PERFSUITE_NSYS_BIN",
+          "The nsys binary every part of perfsuite runs. Set to nothing executable, it is an error naming "
+          "it, never a quiet fall-back to another nsys.",
+          "`nsys` on PATH, else the best of NVIDIA's install folders",
+          "perfsuite/profiling/nsys.py"),
+    _user("PERFSUITE_NSYS_SEARCH_ROOT",
+          "The tree NVIDIA's install folders are looked for under when nsys is searched for; the suite's "
+          "tests point it at a fake tree.",
+          "/",
+          "perfsuite/profiling/nsys_installs.py"),
+    _user("PERFSUITE_RANK_START",
+          "How a launch's ranks start: `fork` (forked from a zygote that imported torch and the workload "
+          "once; one node, no srun, no nsys) or `exec` (each rank a fresh interpreter). `--rank-start` "
+          "(pytest: `--perf-rank-start`) wins over it.",
+          "fork",
+          "perfsuite/launch/starting.py"),
+    _user("PERFSUITE_FORK_AGENT",
+          "`0`: torchrun's agent is never forked from the launching process (or a zygote) but started "
+          "as a fresh interpreter.",
+          "forked where it can be (Linux, one node, no srun)",
+          "perfsuite/launch/agent.py"),
+    _user("PERFSUITE_RDZV_PORT",
+          "The port of the c10d rendezvous a `--slurm` launch sets up on its head node.",
+          "a free port found at launch",
+          "perfsuite/launch/multinode.py"),
+    # -- set by you, read by the install and acceptance scripts
+    _user("PERFSUITE_TORCH_INDEX",
+          "Where `.ci/install` takes torch and torchvision from: `auto` (the index for the driver's CUDA "
+          "from nvidia-smi; PyPI without an NVIDIA driver), `pypi`, `cpu`, `cu126`, `cu128`, `cu130`, or "
+          "`runner` (keep the torch of PERFSUITE_PYTHON). Also a repository variable of the example "
+          "workflow, handed to the install.",
+          "auto",
+          ".ci/install", WORKFLOW_FILE),
+    _user("PERFSUITE_INSTALLER",
+          "What `.ci/install` installs with: `uv` or `pip`.",
+          "uv (pip with PERFSUITE_TORCH_INDEX=runner)",
+          ".ci/install"),
+    _user("PERFSUITE_PYTHON",
+          "The interpreter whose torch PERFSUITE_TORCH_INDEX=runner keeps (a venv is made from it), and "
+          "the one `.ci/gpu-acceptance` runs.",
+          "python3",
+          ".ci/install", ".ci/gpu-acceptance", WORKFLOW_FILE),
+    _user("PERFSUITE_ACCEPTANCE_DIR",
+          "Where `.ci/gpu-acceptance` puts everything it measures.",
+          "/tmp/perfsuite-acceptance",
+          ".ci/gpu-acceptance"),
+    _user("PERFSUITE_ACCEPTANCE_BUDGET_S",
+          "The seconds `.ci/gpu-acceptance` may take in all; a part that would start with under 30 s "
+          "left is not run.",
+          "540",
+          ".ci/gpu-acceptance"),
+    # -- repository variables of the example workflow
+    _user("PERFSUITE_MNIST_DIR",
+          "A repository variable of the example workflow: the runner's folder holding the four MNIST IDX "
+          "files the full tier reads (nothing is downloaded).",
+          "/data/mnist",
+          WORKFLOW_FILE),
+    _user("PERFSUITE_HISTORY_SINCE",
+          "A repository variable of the example workflow: a commit after a regression that was accepted; "
+          "`history changes --since` starts main's series there.",
+          "none: the whole history",
+          WORKFLOW_FILE),
+    # -- set by perfsuite for the processes it starts
+    _internal("PERFSUITE_RUN_TOKEN",
+              "One launch's token: each rank writes it into its record, so the launcher takes only its own "
+              "launch's records; with PERFSUITE_LAUNCHER_PID it marks the launch's processes, which the "
+              "launcher ends by it; a test's ranks match their peers' skip notes by it.",
+              "outside a launch",
+              ("perfsuite/launch/launch.py",),
+              "perfsuite/rank/worker.py", "perfsuite/plugin/ranktest.py"),
+    _internal("PERFSUITE_LAUNCHER_PID",
+              "The launching process: a rank ends itself once it is gone, and rank 0's record names it as "
+              "the owner of the result (across nodes).",
+              "a rank started by hand: no launcher watched",
+              ("perfsuite/launch/launch.py",),
+              "perfsuite/rank/worker.py"),
+    _internal("PERFSUITE_LAUNCHER_START",
+              "The launching process's start time, which tells it from a later process given the same pid.",
+              "no launcher watched",
+              ("perfsuite/launch/launch.py",),
+              "perfsuite/rank/worker.py"),
+    _internal("PERFSUITE_LAUNCHER_HOST",
+              "The launching process's host: a rank on another node watches no launcher, and rank 0's "
+              "record names it.",
+              "no launcher watched",
+              ("perfsuite/launch/launch.py",),
+              "perfsuite/rank/worker.py", "perfsuite/launch/multinode.py"),
+    _internal("PERFSUITE_PROFILER",
+              "The profiler of a rank: `torch`, `nsys` or `off`.",
+              "`off`",
+              ("perfsuite/launch/launch.py",),
+              "perfsuite/profiling/torch_profile.py"),
+    _internal("PERFSUITE_PROFILE_DIR",
+              "Where a rank writes its trace and profile summary.",
+              "no trace written",
+              ("perfsuite/launch/launch.py",),
+              "perfsuite/profiling/torch_profile.py"),
+    _internal("PERFSUITE_PYTEST_ROOTDIR",
+              "The pytest root of the session that launched a `@perf_ranks` test: its ranks find the test "
+              "from it.",
+              "the ranks look from the working directory",
+              ("perfsuite/plugin/__init__.py",),
+              "perfsuite/plugin/ranktest.py"),
+    _internal("PERFSUITE_PYTEST_INIFILE",
+              "The ini file of that session, which the ranks' pytest reads as well.",
+              "pytest finds its own",
+              ("perfsuite/plugin/__init__.py",),
+              "perfsuite/plugin/ranktest.py"),
+    _internal("PERFSUITE_WINDOWS",
+              "The Unix socket of a resident A/B session's coordinator: a rank that has it measures windows "
+              "when told to.",
+              "an ordinary launch",
+              ("perfsuite/gate/resident.py",),
+              "perfsuite/rank/windows.py"),
+    _internal("PERFSUITE_WINDOWS_SIDE",
+              "Which side of the resident A/B session a rank belongs to: `A` or `B`.",
+              "side `?`",
+              ("perfsuite/gate/resident.py",),
+              "perfsuite/rank/windows.py"),
+    _internal("PERFSUITE_WINDOWS_RELEASE",
+              "`1`: a CUDA rank empties its cache whenever it is parked, so that the other side's window "
+              "finds the memory free.",
+              "the cache is kept",
+              ("perfsuite/gate/resident.py",),
+              "perfsuite/rank/windows.py"),
+    _internal("PERFSUITE_NVML_CHECK_SET",
+              "`1` where perfsuite set PYTORCH_NVML_BASED_CUDA_CHECK for torchrun's agent; a forked rank "
+              "then takes both out of its environment again.",
+              "PYTORCH_NVML_BASED_CUDA_CHECK left as the rank found it",
+              ("perfsuite/launch/starting.py",),
+              "perfsuite/rank/forked.py"),
+)
+
+# Names that look like one of these variables but are none (Python names).
+NOT_VARIABLES = {
+    "PERFSUITE_TABLES": "perfsuite/history/schema.py: the history's own tables",
+}
+
+SECTIONS = (
+    (PACKAGE, "Set by you, read by perfsuite",
+     "An option on the command line wins over its variable where there is one."),
+    (SCRIPTS, "Set by you, read by the install and acceptance scripts", ""),
+    (WORKFLOW, "Repository variables of the example workflow",
+     "Set under the repository's Settings > Secrets and variables > Actions > Variables; "
+     f"`{WORKFLOW_FILE}` reads them as `vars.NAME`."),
+    (INTERNAL, "Set by perfsuite for the processes it starts",
+     "Never set by hand: the launcher, the pytest plugin or an A/B session sets them in the environment of "
+     "the ranks (or torchrun agents) it starts, and those read them. Listed to tell what a rank's environment "
+     "holds."),
+)
+
+HEADER = """# Environment variables
+
+Every `PERFSUITE_*` environment variable, with its meaning, its default and
+the files that read it, made from perfsuite's own registry
+(`perfsuite/system/envvars.py`; `python -m perfsuite.system.envvars >
+docs/reference/environment.md`). A test checks this page is what the registry
+says, and that every `PERFSUITE_*` name in `perfsuite/`, `.ci/` and `.github/`
+is in the registry.
+"""
+
+
+def by_name() -> dict[str, Variable]:
+    return {v.name: v for v in VARIABLES}
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _files(paths: tuple[str, ...]) -> str:
+    return ", ".join(f"`{p}`" for p in paths)
+
+
+def render() -> str:
+    out = [HEADER]
+    for section, title, intro in SECTIONS:
+        rows = [v for v in VARIABLES if v.section == section]
+        out.append(f"## {title}\n")
+        if intro:
+            out.append(f"{intro}\n")
+        if section == INTERNAL:
+            out += ["| variable | meaning | unset | set by | read by |", "|---|---|---|---|---|"]
+            out += [f"| `{v.name}` | {_cell(v.meaning)} | {_cell(v.default)} | {_files(v.set_by)} | "
+                    f"{_files(v.read_by)} |" for v in rows]
+        else:
+            out += ["| variable | meaning | default | read by |", "|---|---|---|---|"]
+            out += [f"| `{v.name}` | {_cell(v.meaning + (f' Also set by {_files(v.set_by)}.' if v.set_by else ''))} "
+                    f"| {_cell(v.default)} | {_files(v.read_by)} |" for v in rows]
+        out.append("")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print(render(), end="")
