@@ -8,6 +8,7 @@ importing anything.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -127,3 +128,70 @@ def test_the_rank_side_does_not_know_the_host_side():
                 if name.startswith(("perfsuite.rank", "perfsuite.workloads"))
                 for dep in deps if dep.startswith(host)}
     assert crossing == set()
+
+
+def test_every_package_says_what_it_holds():
+    """A docstring per package: what it holds and which step of the data flow it is."""
+    bare = [str(p.relative_to(PACKAGE.parent)) for p in sorted(PACKAGE.rglob("__init__.py"))
+            if not (ast.get_docstring(ast.parse(p.read_text(encoding="utf-8"))) or "").strip()]
+    assert bare == [], f"give each a docstring: {bare}"
+
+
+LAYOUT_PAGE = PACKAGE.parent / "docs" / "reference" / "layout.md"
+PAGE_FILE = re.compile(r"(?<![\w/.*-])([\w/*]+\.py)\b")
+# Imports of a module listed further down docs/reference/layout.md, each said there and why.
+IMPORTS_AGAINST_THE_ORDER = {("perfsuite.rank.worker", "perfsuite.results")}
+
+
+def layout_entries(text: str) -> list[tuple[str, set[Path]]]:
+    """The entries of the page's drawing in order: the path that starts an
+    entry's first line, and the .py files its lines name (a bare name is in
+    the entry's package; a line indented deeper carries the entry on)."""
+    block = text.split("```\n")[1]
+    entries: list[tuple[str, set[Path]]] = []
+    for line in block.splitlines():
+        if not line.startswith("   ") and line.strip():
+            entries.append((line.split()[0], set()))
+        if not entries or not entries[-1][0].startswith("perfsuite/"):
+            continue
+        head, named = entries[-1]
+        for name in PAGE_FILE.findall(line):  # a bare name beside a module's own line: in perfsuite/
+            folder = "" if name.startswith("perfsuite/") else head if head.endswith("/") else "perfsuite"
+            named.add(PACKAGE.parent / folder / name)
+    return entries
+
+
+def test_the_layout_reader_reads_entries_and_their_names():
+    text = ("```\nfloor\n  perfsuite/a.py   x.py is elsewhere\n  perfsuite/b/     one.py: one;\n"
+            "                   two.py\nelsewhere/        three.py\n```\n")
+    assert layout_entries(text) == [("floor", set()), ("perfsuite/a.py", {PACKAGE / "a.py", PACKAGE / "x.py"}),
+                                    ("perfsuite/b/", {PACKAGE / "b" / "one.py", PACKAGE / "b" / "two.py"}),
+                                    ("elsewhere/", set())]
+
+
+def test_the_layout_page_names_every_module_and_only_modules():
+    """docs/reference/layout.md names every module of the package by its own
+    name (no pattern), and nothing that is not one; read at run time, so a
+    module added or removed anywhere shows here."""
+    named = set().union(*(files for _, files in layout_entries(LAYOUT_PAGE.read_text(encoding="utf-8"))))
+    found = {p for p in PACKAGE.rglob("*.py") if p.name != "__init__.py"}
+    missing = sorted(str(p.relative_to(PACKAGE.parent)) for p in found - named)
+    unknown = sorted(str(p.relative_to(PACKAGE.parent)) for p in named if not p.is_file())
+    assert missing == [] and unknown == [], (
+        f"docs/reference/layout.md: add a line for {missing}; these are no module: {unknown}")
+
+
+def test_the_layout_page_lists_what_a_module_imports_above_it():
+    heads = [head for head, _ in layout_entries(LAYOUT_PAGE.read_text(encoding="utf-8"))]
+
+    def place(name: str) -> int | None:
+        path = str(modules()[name].relative_to(PACKAGE.parent))
+        if name == "perfsuite":
+            return -1
+        return next((i for i, head in enumerate(heads)
+                     if path == head or (head.endswith("/") and path.startswith(head))), None)
+
+    against = sorted((name, dep) for name, deps in import_graph().items() for dep in deps
+                     if place(name) is not None and place(dep) is not None and place(dep) > place(name)
+                     and (name, dep) not in IMPORTS_AGAINST_THE_ORDER)
+    assert against == [], f"each imports a module listed below it in docs/reference/layout.md: {against}"
