@@ -1,6 +1,7 @@
 """The README is a quick start that stays true, and docs/ beside it."""
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 from perfsuite.cli import reference as cli_reference
@@ -109,3 +110,85 @@ def test_every_docs_page_is_linked_from_the_index():
     for page in sorted((ROOT / "docs").rglob("*.md")):
         if page.name != "README.md":
             assert f"]({page.relative_to(ROOT / 'docs')})" in index, page
+
+
+HEADING = re.compile(r"#{1,6}\s+(.*?)\s*#*\s*$")
+LIST_ITEM = re.compile(r"\s*([-*+]|\d+[.)])\s")
+ANCHOR = re.compile(r"\]\(([^)#\s]*)#([^)\s]+)\)")
+
+
+def docs_pages():
+    return sorted((ROOT / "docs").rglob("*.md"))
+
+
+def anchors(text: str) -> Iterator[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation
+    dropped, spaces as hyphens, a repeated one numbered."""
+    seen: dict[str, int] = {}
+    fenced = False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            continue
+        heading = None if fenced else HEADING.match(line)
+        if heading:
+            slug = re.sub(r"[^\w\- ]", "", heading.group(1).lower()).replace(" ", "-")
+            seen[slug] = seen.get(slug, 0) + 1
+            yield slug if seen[slug] == 1 else f"{slug}-{seen[slug] - 1}"
+
+
+def paragraphs(text: str) -> list[tuple[int, int]]:
+    """(first line, lines) of each paragraph: consecutive non-blank lines
+    outside code blocks and tables, a heading and each list item one of its
+    own."""
+    found, start, length, fenced = [], 0, 0, False
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        ends = (stripped.startswith("```") or fenced or not stripped or stripped.startswith(("|", "#"))
+                or LIST_ITEM.match(line))
+        if ends and length:
+            found.append((start, length))
+            length = 0
+        if stripped.startswith("```"):
+            fenced = not fenced
+        elif not fenced and stripped and not stripped.startswith(("|", "#")):
+            start, length = (number, 1) if not length else (start, length + 1)
+    if length:
+        found.append((start, length))
+    return found
+
+
+def test_every_anchor_of_the_docs_leads_to_a_heading():
+    broken = []
+    for page in markdown_files():
+        for target, anchor in ANCHOR.findall(page.read_text()):
+            if "://" in target or not (target == "" or target.endswith(".md")):
+                continue
+            linked = page.parent / target if target else page
+            if not linked.is_file() or anchor not in set(anchors(linked.read_text())):
+                broken.append(f"{page.relative_to(ROOT)} -> {target}#{anchor}")
+    assert not broken, broken
+
+
+def test_every_how_to_starts_with_its_commands():
+    """A reader finds the command in the first screen, before any history."""
+    for page in sorted((ROOT / "docs" / "how-to").glob("*.md")):
+        first_screen = page.read_text().splitlines()[:40]
+        fences = [n for n, line in enumerate(first_screen) if line.lstrip().startswith("```")]
+        assert len(fences) >= 2, f"{page.relative_to(ROOT)}: no code block in its first 40 lines"
+
+
+def test_no_paragraph_of_the_docs_is_over_twelve_lines():
+    long = [f"{page.relative_to(ROOT)}:{start} ({length} lines)"
+            for page in docs_pages() for start, length in paragraphs(page.read_text()) if length > 12]
+    assert not long, long
+
+
+def test_the_paragraphs_are_counted_as_the_docs_define_them():
+    text = "one\ntwo\n\n- item\n  more\n- next\n\n```\na\nb\n```\n| a |\n| b |\n# head\nthree\n"
+    assert paragraphs(text) == [(1, 2), (4, 2), (6, 1), (15, 1)]
+    assert list(anchors("# A `b`, c: d\n## A `b`, c: d\n```\n# no\n```\n")) == ["a-b-c-d", "a-b-c-d-1"]
+
+
+def test_gating_a_change_fits_in_150_lines():
+    assert len((ROOT / "docs" / "how-to" / "gate-a-change.md").read_text().splitlines()) <= 150
