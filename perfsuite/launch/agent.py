@@ -47,8 +47,9 @@ def may_fork_agent() -> bool:
 
 
 def can_fork(argv: list[str]) -> bool:
-    """True for a plain torchrun command line of this very interpreter."""
-    return may_fork_agent() and argv[:3] == [sys.executable, *TORCHRUN]
+    """True for a plain torchrun command line of this very interpreter, on
+    Linux (whether the launch allows it: LaunchOptions.fork_agent)."""
+    return sys.platform == "linux" and argv[:3] == [sys.executable, *TORCHRUN]
 
 
 class ForkedAgent:

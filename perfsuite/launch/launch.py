@@ -51,11 +51,14 @@ class LaunchOptions:
     nodes: multinode.Nodes = field(default_factory=lambda: multinode.Nodes())
     python: str = sys.executable  # the interpreter whose torch, torchrun and perfsuite run the cell
     env: dict[str, str] = field(default_factory=dict)  # extra variables for this launch only
-    # "fork": torchrun forks the ranks from a zygote that imported torch and
-    # the workload (perfsuite.launch.starting); "exec": each rank a fresh
-    # interpreter. None: $PERFSUITE_RANK_START, else fork. Both sides of an
-    # A/B start their ranks alike.
+    # "fork": ranks forked from a zygote that imported torch and the workload
+    # (perfsuite.launch.starting); "exec": each a fresh interpreter. None:
+    # $PERFSUITE_RANK_START, else fork. Both sides of an A/B start alike.
     rank_start: str | None = None
+    # Whether torchrun's agent may be forked from this launcher; False where
+    # another of its threads runs (a fork copies only the forking thread: the
+    # resident A/B's sides) or $PERFSUITE_FORK_AGENT=0, read here once.
+    fork_agent: bool = field(default_factory=lambda: os.environ.get("PERFSUITE_FORK_AGENT", "1") != "0")
 
 
 def gpus_present() -> int:
@@ -395,11 +398,10 @@ def run_cell(cell: Cell, out_dir: Path, opts: LaunchOptions | None = None) -> di
            **launcher_env()}
     if opts.gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, opts.gpus))
-    # The cores split between the node's ranks with one left for the torchrun
-    # agent and the launcher, for 1 rank as for N, unless the user chose: on
-    # a 2-core machine a 1-rank cell on 2 threads ran from 69 to 126 ms per
-    # step from run to run (its OpenMP threads wait on each other whenever the
-    # agent runs), on 1 thread from 103 to 110 ms.
+    # The cores split between the node's ranks with one left for the agent and
+    # the launcher, for 1 rank as for N, unless the user chose: on 2 cores a
+    # 1-rank cell on 2 threads ran from 69 to 126 ms a step from run to run (its
+    # OpenMP threads wait on each other whenever the agent runs), on 1 103-110 ms.
     cores = os.cpu_count() or 1
     env.setdefault("OMP_NUM_THREADS", str(max(1, (cores - 1) // plan.procs_per_node)))
     log_path = directory / plan.log_name
@@ -407,11 +409,11 @@ def run_cell(cell: Cell, out_dir: Path, opts: LaunchOptions | None = None) -> di
     timed_out = False
     with open(log_path, "wb") as log:
         try:
-            proc = starting.start_agent(argv, log.fileno(), env, start, cell, opts.python)
+            proc = starting.start_agent(argv, log.fileno(), env, start, cell, opts)
         except agent.ZygoteError as err:  # the ranks start as fresh interpreters
             start, start_note = "exec", str(err)
             argv = plan.wrap(torchrun_argv(cell, directory, opts, profiler, plan, start))
-            proc = starting.start_agent(argv, log.fileno(), env, start, cell, opts.python)
+            proc = starting.start_agent(argv, log.fileno(), env, start, cell, opts)
         seen: dict[int, Any] = {}
         try:
             returncode = _wait(proc, timeout, cell, directory, opts.on_progress, seen)

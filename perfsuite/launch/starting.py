@@ -89,18 +89,18 @@ def warm_zygote(cell: Cell, start: str, python: str, env: dict[str, str]) -> Non
         agent.warm(python, _with_nvml_check(env), preload_modules(cell), cuda=cell.device == "cuda")
 
 
-def start_agent(argv: list[str], log_fd: int, env: dict[str, str], start: str, cell: Cell, python: str):
+def start_agent(argv: list[str], log_fd: int, env: dict[str, str], start: str, cell: Cell, opts):
     """The launch's torchrun agent (a Popen-like object): forked from a zygote
     where the ranks fork (raises agent.ZygoteError where there is none), else
-    forked from this process or a fresh interpreter ($PERFSUITE_FORK_AGENT=0:
-    always; its ranks then fork from it where they fork, with torch imported
-    but not the workload)."""
+    forked from this process where ``opts.fork_agent`` allows it, else a
+    fresh interpreter ($PERFSUITE_FORK_AGENT=0: always; its ranks then fork
+    from it where they fork, with torch imported but not the workload)."""
     if start == "fork":
         env = _with_nvml_check(env)
     if start == "fork" and agent.may_fork_agent():
-        return agent.start_forked(argv, log_fd, env, python, preload_modules(cell),
+        return agent.start_forked(argv, log_fd, env, opts.python, preload_modules(cell),
                                   cuda=cell.device == "cuda")
-    if agent.can_fork(argv):  # torchrun's agent without a fresh interpreter's imports
+    if opts.fork_agent and agent.can_fork(argv):  # the agent without a fresh interpreter's imports
         return agent.ForkedAgent(argv, log_fd, env)
     return subprocess.Popen(argv, stdout=log_fd, stderr=subprocess.STDOUT, env=env,
                             start_new_session=True, preexec_fn=die_with_me())

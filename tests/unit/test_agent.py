@@ -14,11 +14,14 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 
 def test_only_this_interpreters_plain_torchrun_is_forked(monkeypatch):
+    from perfsuite.launch.launch import LaunchOptions
+
     assert agent.can_fork([*TORCHRUN, "--standalone", "-m", "perfsuite.rank.worker"])
     assert not agent.can_fork(["/other/venv/bin/python", "-m", "torch.distributed.run"])
     assert not agent.can_fork(["srun", "--ntasks-per-node=1", *TORCHRUN])
-    monkeypatch.setenv("PERFSUITE_FORK_AGENT", "0")
-    assert not agent.can_fork([*TORCHRUN, "--standalone"])
+    assert LaunchOptions().fork_agent
+    monkeypatch.setenv("PERFSUITE_FORK_AGENT", "0")  # the user's switch, read as the options are built
+    assert not LaunchOptions().fork_agent
 
 
 def test_a_forked_agent_runs_torchrun_with_its_own_session_log_and_environment(tmp_path):
@@ -263,3 +266,51 @@ def test_a_zygote_warmed_in_the_background_is_the_one_the_launch_then_gets(monke
     agent.warm("no-python", env, ["torch"], cuda=False)
     with pytest.raises(agent.ZygoteError, match="cannot start"):
         agent.zygote_for("no-python", env, ["torch"], cuda=False)
+
+
+# --- a launcher whose options forbid forking it -------------------------------------
+
+@pytest.fixture
+def fresh_agents(monkeypatch):
+    """The launch's torchrun agents as they were asked for (a fresh interpreter's
+    command line), each standing in as a process that exits at once; and a
+    launcher that fails the test where it forks itself."""
+    from perfsuite.launch import starting
+
+    def no_fork():
+        raise AssertionError("the launcher forked itself")
+
+    monkeypatch.setattr(os, "fork", no_fork)
+    started, real = [], subprocess.Popen
+
+    def fresh(argv, *args, **kwargs):
+        if "torch.distributed.run" not in argv:  # another program the launcher asks something
+            return real(argv, *args, **kwargs)
+        started.append(list(argv))
+        return real([sys.executable, "-c", "raise SystemExit(1)"], *args, **kwargs)
+
+    monkeypatch.setattr(starting.subprocess, "Popen", fresh)
+    return started
+
+
+@pytest.mark.parametrize("path", ["exec", "zygote-error"])
+def test_a_launch_that_must_not_fork_its_launcher_never_forks_it(tmp_path, monkeypatch, fresh_agents, path):
+    """The resident A/B launches both sides from threads of one launcher: a
+    fork of it copies only the forking thread, and a lock the other side's
+    thread held stays held in the child for good. Its options say the agent
+    must not be forked from the launcher; on the exec path and on the
+    fallback where the zygote fails, the agent is then a fresh interpreter."""
+    from cellkit import tiny_image_cell
+
+    from perfsuite.launch.launch import LaunchOptions, run_cell
+
+    def no_zygote(*args, **kwargs):
+        raise agent.ZygoteError("no zygote: refused for the test")
+
+    monkeypatch.setattr(agent, "warm", lambda *a, **k: None)
+    monkeypatch.setattr(agent, "start_forked", no_zygote)
+    opts = LaunchOptions(rank_start="exec" if path == "exec" else "fork",
+                         fork_agent=False)  # what perfsuite.gate.resident passes
+    result = run_cell(tiny_image_cell(world_size=1), tmp_path, opts)
+    assert result["info"]["rank_start"] == "exec"
+    assert [argv[:3] for argv in fresh_agents] == [[sys.executable, "-m", "torch.distributed.run"]]

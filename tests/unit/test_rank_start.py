@@ -135,10 +135,10 @@ def test_the_agent_checks_cuda_through_nvml_and_the_rank_gets_the_users_environm
 
     monkeypatch.setattr(agent, "start_forked", forked)
     monkeypatch.setattr(agent, "may_fork_agent", lambda: True)
-    assert starting.start_agent(["py"], 1, {"A": "1"}, "fork", tiny(), sys.executable) == "agent"
+    assert starting.start_agent(["py"], 1, {"A": "1"}, "fork", tiny(), LaunchOptions()) == "agent"
     assert seen[starting.NVML_CHECK] == "1" and seen[starting.NVML_CHECK_SET] == "1"
     seen.clear()
-    starting.start_agent(["py"], 1, {starting.NVML_CHECK: "0"}, "fork", tiny(), sys.executable)
+    starting.start_agent(["py"], 1, {starting.NVML_CHECK: "0"}, "fork", tiny(), LaunchOptions())
     assert seen[starting.NVML_CHECK] == "0" and starting.NVML_CHECK_SET not in seen
 
 
