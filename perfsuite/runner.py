@@ -43,11 +43,6 @@ def handle_sigterm() -> Any:
 # launch say nothing about drift between launches, which is what a
 # single-launch verdict lacks.
 REMEASURE_ROUNDS = 2
-# Launches a cell gets where its step time is recorded as a runner's new
-# baseline (record_new): one recorded launch judges a later one only as
-# `unknown` (drift between launches is unmeasured); four give the
-# between-launch spread that lets one later launch be judged.
-RECORD_LAUNCHES = 4
 
 
 CACHE_FIX = "point $PERFSUITE_CACHE_DIR (or --option cache_dir) at a folder you can write"
@@ -125,7 +120,6 @@ class Runner:
         self._earlier_started: float | None = None
         self._file = None
         self._lock = None
-        self.recorded: set[str] = set()  # runner baseline folders this session recorded into
 
     def begin(self) -> None:
         """Everything the session needs, checked before its first launch: the
@@ -331,7 +325,9 @@ class Runner:
                     or not needs_more_launches(result["checks"])):
                 break
         result["remeasured"] = round_
-        if self.record_new and self.repeats < RECORD_LAUNCHES and _lacks_time_baseline(result):
+        from perfsuite.judge.recording import RECORD_LAUNCHES, lacks_time_baseline
+
+        if self.record_new and self.repeats < RECORD_LAUNCHES and lacks_time_baseline(result):
             launches = launches or [result]
             launches += [run_cell(cell, self.out_dir / f"launch{k}", self.launch)
                          for k in range(len(launches), RECORD_LAUNCHES)]
@@ -364,23 +360,10 @@ class Runner:
         return result
 
     def _record_missing(self, result: dict[str, Any]) -> None:
-        """With record_new: what the cell had no baseline for becomes the
-        runner's (perfsuite.judge.recording.record_missing). A failure to
-        record is said on the checks and never loses the measured result."""
-        if not self.record_new or result.get("partner"):
-            return
-        from perfsuite.judge.baselines import BaselineError
-        from perfsuite.judge.recording import record_missing
+        if self.record_new and not result.get("partner"):  # a failure is said on its checks
+            from perfsuite.judge.recording import record_missing
 
-        try:
-            folder = record_missing(result, self.runner_baselines)
-        except (BaselineError, OSError) as err:
-            for check in result.get("checks", []):
-                if check.get("missing"):
-                    check["message"] = f"{check.get('message', '')}; not recorded: {err}"
-            return
-        if folder is not None:
-            self.recorded.add(str(folder))
+            record_missing(result, self.runner_baselines)
 
     def add_to_history(self, url: str | None, interrupted: bool = False, *, commit: str | None = None,
                        branch: str | None = None) -> str | None:
@@ -429,13 +412,6 @@ class Runner:
     @property
     def results(self) -> list[dict[str, Any]]:
         return [r for r in self._results.values() if r.get("status") != "running"]
-
-
-def _lacks_time_baseline(result: dict[str, Any]) -> bool:
-    """Its step-time verdict was skipped for want of a baseline on this hardware."""
-    return result.get("status") == "ok" and any(
-        c.get("missing") == "baseline" and c.get("metric") in ("step_time", "time_per_token")
-        for c in result.get("checks", []))
 
 
 def launch_options(*, data_dir: str | Path | None = None, options: list[str] = (),

@@ -286,22 +286,40 @@ def _plan(results: Mapping[str, Any] | list, profile_id: str, folder: Path, forc
 
 
 
+# Launches a cell gets where its step time is recorded as a runner's new
+# baseline (perfsuite.runner, --record-new): one recorded launch judges a
+# later one only as `unknown` (drift between launches is unmeasured); four
+# give the between-launch spread that lets one later launch be judged.
+RECORD_LAUNCHES = 4
+
+
+def lacks_time_baseline(result: Mapping[str, Any]) -> bool:
+    """Its step-time verdict was skipped for want of a baseline on this hardware."""
+    return result.get("status") == "ok" and any(
+        c.get("missing") == "baseline" and c.get("metric") in ("step_time", "time_per_token")
+        for c in result.get("checks", []))
+
+
 def record_missing(result: dict[str, Any], root: Path | str) -> Path | None:
     """A runner's first baselines: record into ``root`` (the runner's own
     baselines root) what this judged cell had nothing to be judged against:
     its metrics where a check lacked a baseline on this hardware, its work
     counters where none were recorded on this software stack. Each such check
     says it was recorded (``recorded``: the folder), so that the run says what
-    it recorded instead of passing as judged. The folder, or None where
-    nothing was missing. A BaselineError says why it could not record; the
-    measured result stands either way."""
+    it recorded instead of passing as judged; where recording failed, it says
+    why (the measured result stands either way). The folder, or None."""
     checks = [c for c in result.get("checks", []) if c.get("missing")]
     if result.get("status") != "ok" or not checks:
         return None
     missing = {c["missing"] for c in checks}
     cell = {**result, "metrics": result.get("metrics") if "baseline" in missing else {},
             "counters": result.get("counters") if "counters" in missing else None}
-    plan = record_run({"env": result.get("env") or {}, "cells": [cell]}, root=root)
+    try:
+        plan = record_run({"env": result.get("env") or {}, "cells": [cell]}, root=root)
+    except (BaselineError, OSError) as err:
+        for check in checks:
+            check["message"] = f"{check.get('message', '')}; not recorded: {err}"
+        return None
     for check in checks:
         check["recorded"] = str(plan.folder)
         check["message"] = (f"{check.get('message', '')}; recorded into {plan.folder} as this runner's "
