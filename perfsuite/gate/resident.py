@@ -376,9 +376,10 @@ def run_pair(cell: Cell, options: dict[str, LaunchOptions], dirs: dict[str, Path
                 why = memory_short(coordinator.memory[first], need_bytes)
                 if why:
                     raise MemoryShort(f"side {side} not started beside side {first}: {why}")
-            # No agent forked from this launcher: a fork from a process with another thread running can deadlock.
-            opts = replace(options[side], fork_agent=False,
-                           env={**options[side].env, **coordinator.env(side), **({RELEASE_ENV: "1"} if release else {})})
+            # A launch never forks this launcher, which runs the other side's thread
+            # (perfsuite.launch.starting): each side's agent is its zygote's fork.
+            opts = replace(options[side], env={**options[side].env, **coordinator.env(side),
+                                               **({RELEASE_ENV: "1"} if release else {})})
             threads[side] = threading.Thread(
                 target=lambda s=side, o=opts: results.__setitem__(s, run_cell(cell, dirs[s], o)),
                 name=f"perfsuite-ab-side-{side}", daemon=True)

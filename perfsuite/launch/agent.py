@@ -1,25 +1,10 @@
-"""torchrun's own agent, started as a fork of the launching process.
+"""The launcher's end of its zygotes: the client of one (``Zygote``), the
+agent it forked (``ZygoteAgent``) and the one pool of them (``ZygotePool``,
+``POOL``) that a launcher's launches share.
 
-A launch is ``python -m torch.distributed.run ... -m perfsuite.rank.worker``. Its
-agent's first 2.2 s on the 2-core VM are spent importing torch in a fresh
-interpreter; a launcher that already imported ``torch.distributed.run``
-forks instead and calls the same ``main`` with the same arguments. It is the
-same agent (rendezvous, worker processes, their restarts and tee), the ranks
-are started by it exactly as before (a fresh interpreter each), and the
-process tree lives in a session of its own as with ``start_new_session``.
-
-Only where it is the same agent: the launcher's own interpreter, one node
-without a wrapper (``srun``), Linux, and not turned off with
-``PERFSUITE_FORK_AGENT=0``.
-
-Forked or not, the agent dies with its launcher (perfsuite.system.lifetime): its
-own session keeps it from a terminal's Ctrl-C, and a launcher killed with
-SIGKILL cannot end it, so Linux's parent-death signal does.
-
-The ranks themselves still start as fresh interpreters on that path. Where
-they fork instead (perfsuite.launch.starting), the agent is forked from a
-``Zygote``: an interpreter that imported torch and the workloads once
-(perfsuite.launch.zygote).
+How a launch starts its processes, and which forks or execs which, is
+perfsuite.launch.starting's docstring; the zygote's own side is
+perfsuite/launch/zygote.py.
 """
 
 from __future__ import annotations
@@ -30,80 +15,12 @@ import select
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from perfsuite.launch.zygote import exit_after, run_torchrun
-from perfsuite.system.lifetime import die_with_parent, libc_prctl
-
 TORCHRUN = ["-m", "torch.distributed.run"]
-
-
-def may_fork_agent() -> bool:
-    """Linux, and not turned off with PERFSUITE_FORK_AGENT=0."""
-    return sys.platform == "linux" and os.environ.get("PERFSUITE_FORK_AGENT", "1") != "0"
-
-
-def can_fork(argv: list[str]) -> bool:
-    """True for a plain torchrun command line of this very interpreter, on
-    Linux (whether the launch allows it: LaunchOptions.fork_agent)."""
-    return sys.platform == "linux" and argv[:3] == [sys.executable, *TORCHRUN]
-
-
-class ForkedAgent:
-    """``subprocess.Popen``'s part that a launch uses (pid, wait, returncode)
-    for torchrun's ``main`` running in a forked child."""
-
-    def __init__(self, argv: list[str], log_fd: int, env: dict[str, str]) -> None:
-        from torch.distributed import run  # imported once, in the launcher
-
-        self.args, self.returncode = argv[3:], None
-        launcher, prctl = os.getpid(), libc_prctl()
-        self.pid = os.fork()
-        if self.pid == 0:  # the agent; never returns
-            self._child(run.main, log_fd, env, launcher, prctl)
-
-    def _child(self, main, log_fd: int, env: dict[str, str], launcher: int, prctl) -> None:
-        def body() -> None:
-            os.setsid()  # its own session: a timeout or Ctrl-C ends the whole tree
-            die_with_parent(launcher, prctl)  # and so does the launcher's SIGKILL
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGPIPE):
-                signal.signal(sig, signal.SIG_DFL)
-            os.dup2(log_fd, 1)
-            os.dup2(log_fd, 2)
-            # the launcher's streams may be a test runner's captures: write to the log
-            sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
-            sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
-            import logging
-
-            for handler in logging.getLogger().handlers[:]:
-                logging.getLogger().removeHandler(handler)
-            os.environ.clear()
-            os.environ.update(env)
-            run_torchrun(main, self.args)
-
-        exit_after(body)
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() >= deadline:
-                raise subprocess.TimeoutExpired(["torchrun", *self.args], timeout)
-            time.sleep(0.02)
-        return self.returncode
-
-
-# --- ranks forked from a preloaded interpreter --------------------------------------
-
 FORKED_RANK = Path(__file__).parent.parent / "rank" / "forked.py"  # torchrun --run-path runs it in each rank
 ZYGOTE_SOURCE = Path(__file__).with_name("zygote.py")
 RANK_START_ENV = "PERFSUITE_RANK_START"  # "exec": every rank a fresh interpreter
@@ -117,6 +34,17 @@ EXIT_POLL_S = 0.1  # how often a wait for one agent looks at the zygote's socket
 # PYTHONPATH, TORCH_*, ...) may act at import: a launch that differs there
 # gets a zygote of its own.
 PER_LAUNCH_ENV = ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "PYTHONUNBUFFERED", "PYTEST_CURRENT_TEST")
+# torchrun's agent asks torch.accelerator.is_available() as it reads its
+# options (LaunchConfig, torch 2.9+), and on a GPU host that poisons every
+# fork after it: a forked rank then cannot start CUDA. Set for the agent, the
+# check reads NVML instead, which poisons nothing; perfsuite/rank/forked.py
+# takes it out of the rank's environment again where perfsuite put it there.
+NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
+NVML_CHECK_SET = "PERFSUITE_NVML_CHECK_SET"
+
+
+def with_nvml_check(env: dict[str, str]) -> dict[str, str]:
+    return env if NVML_CHECK in env else {**env, NVML_CHECK: "1", NVML_CHECK_SET: "1"}
 
 
 class ZygoteError(RuntimeError):
@@ -150,6 +78,7 @@ class Zygote:
         self.preloaded: set[str] = set()
         self.failed: dict[str, str] = {}
         self.cuda_clean, self.cuda_touched_by = True, None
+        self.startup: dict[str, str] = {}  # start-up modules (sitecustomize) it ran once, for every rank
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._sock = ours
         argv = [python, str(ZYGOTE_SOURCE), f"--fd={theirs.fileno()}",
@@ -174,6 +103,7 @@ class Zygote:
         self.failed.update(answer.get("failed", {}))
         self.cuda_clean = self.cuda_clean and answer.get("cuda_clean", True)
         self.cuda_touched_by = self.cuda_touched_by or answer.get("cuda_touched_by")
+        self.startup.update(answer.get("startup", {}))
 
     def _receive(self, timeout: float | None) -> dict | None:
         """One message, or None when none came within ``timeout``; exits are
@@ -282,101 +212,121 @@ class ZygoteAgent:
         return self.returncode
 
 
-_ZYGOTES: dict[tuple, Zygote] = {}
-_FAILED: dict[tuple, str] = {}  # keys whose zygote could not start: why
-_TOUCH_CUDA: set[str] = set()  # modules whose import initialised CUDA: ranks import them after the fork
-_WARMING: dict[tuple, threading.Thread] = {}  # zygotes starting in the background (warm)
-_WARMING_LOCK = threading.Lock()
+class ZygotePool:
+    """The zygotes of one launcher, one per interpreter, working directory and
+    environment (``zygote_key``), at most ``limit`` (the least recently used
+    is ended for another); each started on first use, or beforehand on a
+    thread (``warm``). A zygote that could not start is not tried again for
+    its key. Every zygote's environment asks CUDA through NVML
+    (``with_nvml_check``), so a launch whose ranks fork and one whose ranks
+    exec share one. ``make``: the zygote's constructor (tests pass a stand-in)."""
 
+    def __init__(self, make: Callable[..., Zygote] | None = None, limit: int = MAX_ZYGOTES) -> None:
+        self.make, self.limit = make or Zygote, limit
+        self.zygotes: dict[tuple, Zygote] = {}  # the most recently used last
+        self.failed: dict[tuple, str] = {}  # keys whose zygote could not start: why
+        self.touch_cuda: set[str] = set()  # modules whose import initialised CUDA: ranks import them after the fork
+        self.warming: dict[tuple, threading.Thread] = {}  # zygotes starting in the background
+        self._warming_lock = threading.Lock()
 
-def warm(python: str, env: dict[str, str], preload: list[str], cuda: bool) -> None:
-    """Start the zygote a launch in ``env`` will use on a thread and return:
-    its imports (seconds of torch's) then run beside the launcher's own, on
-    another core. The launch's ``zygote_for`` waits for it; a warm start that
-    failed is that call's ZygoteError. Nothing where one is there or starting."""
-    key = zygote_key(python, env, os.getcwd())
-    with _WARMING_LOCK:
-        if key in _WARMING or key in _FAILED or (key in _ZYGOTES and _ZYGOTES[key].alive()):
+    @staticmethod
+    def key(python: str, env: dict[str, str]) -> tuple:
+        return zygote_key(python, with_nvml_check(env), os.getcwd())
+
+    def warm(self, python: str, env: dict[str, str], preload: list[str], cuda: bool) -> None:
+        """Start the zygote a launch in ``env`` will use on a thread and return:
+        its imports (seconds of torch's) then run beside the launcher's own, on
+        another core. The launch's ``zygote_for`` waits for it; a warm start that
+        failed is that call's ZygoteError. Nothing where one is there or starting."""
+        key = self.key(python, env)
+        with self._warming_lock:
+            if (key in self.warming or key in self.failed
+                    or (key in self.zygotes and self.zygotes[key].alive())):
+                return
+            thread = threading.Thread(target=self._warm_start, args=(python, env, preload, cuda),
+                                      name="perfsuite-zygote-warm", daemon=True)
+            self.warming[key] = thread
+        thread.start()
+
+    def _warm_start(self, python: str, env: dict[str, str], preload: list[str], cuda: bool) -> None:
+        try:
+            self.zygote_for(python, env, preload, cuda)
+        except ZygoteError:  # filed in self.failed: the launch says it
+            pass
+
+    def _wait_for_warm_start(self, key: tuple) -> None:
+        with self._warming_lock:
+            thread = self.warming.get(key)
+        if thread is None or thread is threading.current_thread():
             return
-        thread = threading.Thread(target=_warm_start, args=(python, env, preload, cuda),
-                                  name="perfsuite-zygote-warm", daemon=True)
-        _WARMING[key] = thread
-    thread.start()
+        thread.join()
+        with self._warming_lock:
+            self.warming.pop(key, None)
 
-
-def _warm_start(python: str, env: dict[str, str], preload: list[str], cuda: bool) -> None:
-    try:
-        zygote_for(python, env, preload, cuda)
-    except ZygoteError:  # filed in _FAILED: the launch says it
-        pass
-
-
-def _wait_for_warm_start(key: tuple) -> None:
-    with _WARMING_LOCK:
-        thread = _WARMING.get(key)
-    if thread is None or thread is threading.current_thread():
-        return
-    thread.join()
-    with _WARMING_LOCK:
-        _WARMING.pop(key, None)
-
-
-def zygote_for(python: str, env: dict[str, str], preload: list[str], cuda: bool) -> Zygote:
-    """The zygote of this launch's interpreter, directory and environment,
-    started on first use, with ``preload`` imported but for modules whose
-    import initialised CUDA. ``cuda``: the ranks use CUDA, so the zygote must
-    have left it alone; one that did not is replaced by one without the module
-    that touched it. Raises ZygoteError saying why there is none."""
-    cwd = os.getcwd()
-    key = zygote_key(python, env, cwd)
-    _wait_for_warm_start(key)
-    if key in _FAILED:
-        raise ZygoteError(_FAILED[key])
-    zygote = _ZYGOTES.pop(key, None)
-    for _ in range(3):
-        modules = [m for m in preload if m not in _TOUCH_CUDA]
-        try:
-            if zygote is None or not zygote.alive():
-                while len(_ZYGOTES) >= MAX_ZYGOTES:
-                    _ZYGOTES.pop(next(iter(_ZYGOTES))).close()
-                zygote = Zygote(python, {k: v for k, v in env.items() if k not in PER_LAUNCH_ENV}, cwd, modules)
-            else:
-                zygote.preload(modules)
-        except (ZygoteError, OSError) as err:
-            _FAILED[key] = f"no zygote: {err}"
-            raise ZygoteError(_FAILED[key]) from None
-        if zygote.cuda_clean or not cuda:
-            _ZYGOTES[key] = zygote  # the most recently used last
-            return zygote
-        if zygote.cuda_touched_by is None:
-            break
-        _TOUCH_CUDA.add(zygote.cuda_touched_by)  # on a machine with GPUs its import asks CUDA
-        zygote.close()
-        zygote = None
-    if zygote is not None:
-        zygote.close()
-    raise ZygoteError("the zygote's imports initialised CUDA, which a forked rank could then not use")
-
-
-def start_forked(argv: list[str], log_fd: int, env: dict[str, str], python: str, preload: list[str],
-                 cuda: bool) -> ZygoteAgent:
-    """torchrun's agent for ``argv``, forked from the zygote of this launch
-    (a new one where a module it imported changed since). Raises ZygoteError
-    where there is none."""
-    for attempt in range(2):
-        zygote = zygote_for(python, env, preload, cuda)
-        try:
-            return zygote.launch(argv, log_fd, env, os.getcwd())
-        except ZygoteStale:
-            if attempt:
-                raise
-            _ZYGOTES.pop(zygote_key(python, env, os.getcwd()), None)
+    def zygote_for(self, python: str, env: dict[str, str], preload: list[str], cuda: bool) -> Zygote:
+        """The zygote of this launch's interpreter, directory and environment,
+        started on first use, with ``preload`` imported but for modules whose
+        import initialised CUDA. ``cuda``: the ranks use CUDA, so the zygote must
+        have left it alone; one that did not is replaced by one without the module
+        that touched it. Raises ZygoteError saying why there is none."""
+        cwd, env = os.getcwd(), with_nvml_check(env)
+        key = zygote_key(python, env, cwd)
+        self._wait_for_warm_start(key)
+        if key in self.failed:
+            raise ZygoteError(self.failed[key])
+        zygote = self.zygotes.pop(key, None)
+        for _ in range(3):
+            modules = [m for m in preload if m not in self.touch_cuda]
+            try:
+                if zygote is None or not zygote.alive():
+                    while len(self.zygotes) >= self.limit:
+                        self.zygotes.pop(next(iter(self.zygotes))).close()
+                    zygote = self.make(python, {k: v for k, v in env.items() if k not in PER_LAUNCH_ENV},
+                                       cwd, modules)
+                else:
+                    zygote.preload(modules)
+            except (ZygoteError, OSError) as err:
+                self.failed[key] = f"no zygote: {err}"
+                raise ZygoteError(self.failed[key]) from None
+            if zygote.cuda_clean or not cuda:
+                self.zygotes[key] = zygote
+                return zygote
+            if zygote.cuda_touched_by is None:
+                break
+            self.touch_cuda.add(zygote.cuda_touched_by)  # on a machine with GPUs its import asks CUDA
             zygote.close()
-    raise AssertionError("unreachable")
+            zygote = None
+        if zygote is not None:
+            zygote.close()
+        raise ZygoteError("the zygote's imports initialised CUDA, which a forked rank could then not use")
+
+    def launch(self, argv: list[str], log_fd: int, env: dict[str, str], python: str, preload: list[str],
+               cuda: bool) -> ZygoteAgent:
+        """torchrun's agent for ``argv`` (``python -m torch.distributed.run
+        ...``), forked from the zygote of this launch (a new one where a module
+        it imported changed since), in ``env`` as given. Raises ZygoteError
+        where there is none."""
+        for attempt in range(2):
+            zygote = self.zygote_for(python, env, preload, cuda)
+            try:
+                return zygote.launch(argv, log_fd, env, os.getcwd())
+            except ZygoteStale:
+                if attempt:
+                    raise
+                self.zygotes.pop(self.key(python, env), None)
+                zygote.close()
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        for key in list(self.warming):  # a warm start under way ends first, then with the rest
+            self._wait_for_warm_start(key)
+        while self.zygotes:
+            self.zygotes.popitem()[1].close()
+
+
+POOL = ZygotePool()  # this launcher's
 
 
 def close_zygotes() -> None:
-    for key in list(_WARMING):  # a warm start under way ends first, then with the rest
-        _wait_for_warm_start(key)
-    while _ZYGOTES:
-        _ZYGOTES.popitem()[1].close()
+    """End this launcher's zygotes (at the end of a session)."""
+    POOL.close()

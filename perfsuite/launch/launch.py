@@ -1,12 +1,12 @@
 """Run one cell on its ranks through torch.distributed.run, and collect them.
 
 No launcher of our own: each cell is one ``python -m torch.distributed.run``
-invocation (under ``srun`` on SLURM). On one node ``--standalone`` gives every
-cell a fresh c10d rendezvous on a free local port, so cells (and two suite
-runs on one machine) never share a port. The whole process tree lives in its
-own session so a timeout or an interruption can end all of it, and dies with
-the launcher, also with one killed by SIGKILL (perfsuite.system.lifetime.die_with_parent,
-perfsuite.rank.worker.watch_launcher).
+command line (under ``srun`` on SLURM), its processes started as
+perfsuite.launch.starting says (read that first). On one node ``--standalone``
+gives every cell a fresh c10d rendezvous on a free local port. The whole
+process tree lives in its own session so a timeout or an interruption can end
+all of it, and dies with the launcher, also one killed by SIGKILL
+(perfsuite.system.lifetime, perfsuite.rank.worker.watch_launcher).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 
 from perfsuite import extras
 from perfsuite.cells import Cell
-from perfsuite.launch import agent, diagnose, multinode, starting, torchrun_options
+from perfsuite.launch import diagnose, multinode, starting, torchrun_options
 from perfsuite.results import aggregate, skipped_result
 from perfsuite.system.atomic import atomic_write_json
 
@@ -51,13 +51,13 @@ class LaunchOptions:
     nodes: multinode.Nodes = field(default_factory=lambda: multinode.Nodes())
     python: str = sys.executable  # the interpreter whose torch, torchrun and perfsuite run the cell
     env: dict[str, str] = field(default_factory=dict)  # extra variables for this launch only
-    # "fork": ranks forked from a zygote that imported torch and the workload
-    # (perfsuite.launch.starting); "exec": each a fresh interpreter. None:
-    # $PERFSUITE_RANK_START, else fork. Both sides of an A/B start alike.
+    # How the processes start (perfsuite.launch.starting). rank_start "fork":
+    # ranks forked from a zygote that imported torch and the workload; "exec":
+    # each a fresh interpreter; None: $PERFSUITE_RANK_START, else fork. Both
+    # sides of an A/B start alike. fork_agent: torchrun's agent forked from the
+    # zygote (never from this launcher), else a fresh interpreter; default: not
+    # $PERFSUITE_FORK_AGENT=0, read once, as the options are built.
     rank_start: str | None = None
-    # Whether torchrun's agent may be forked from this launcher; False where
-    # another of its threads runs (a fork copies only the forking thread: the
-    # resident A/B's sides) or $PERFSUITE_FORK_AGENT=0, read here once.
     fork_agent: bool = field(default_factory=lambda: os.environ.get("PERFSUITE_FORK_AGENT", "1") != "0")
 
 
@@ -108,7 +108,7 @@ def torchrun_argv(cell: Cell, directory: Path, opts: LaunchOptions, profiler: st
     if torchrun_options.accepted(opts.python, opts.env).accepts(torchrun_options.LINE_PREFIX_TEMPLATE):
         argv.append(f"{torchrun_options.LINE_PREFIX_TEMPLATE}={diagnose.RANK_PREFIX}")
     if rank_start == "fork" and profiler != "nsys":
-        return argv + ["--start-method=fork", "--run-path", str(agent.FORKED_RANK), *args]
+        return argv + ["--start-method=fork", "--run-path", str(starting.agent.FORKED_RANK), *args]
     if profiler == "nsys":  # each rank under its own `nsys profile`, one report per rank
         from perfsuite.profiling import RANK_OUTPUT_PATTERN, nsys_profile_argv, resolve_nsys
 
@@ -388,9 +388,9 @@ def run_cell(cell: Cell, out_dir: Path, opts: LaunchOptions | None = None) -> di
     profiler, profiler_note = profiler_mode(cell, opts)
     if profiler != "off":  # `nsys profile --output profile/rank<N>` creates no folder
         (directory / "profile").mkdir(exist_ok=True)
-    start, start_note = starting.rank_start(opts.rank_start, profiler, plan)
-    starting.warm_zygote(cell, start, opts.python, {**os.environ, **opts.env})  # beside what follows
-    argv = plan.wrap(torchrun_argv(cell, directory, opts, profiler, plan, start))
+    starter, start_note = starting.choose(opts, profiler, plan)
+    starter.warm(cell, {**os.environ, **opts.env})  # its zygote's imports beside what follows
+    argv = plan.wrap(torchrun_argv(cell, directory, opts, profiler, plan, starter.name))
     timeout = opts.timeout_s or cell.timeout_s
     token = plan.run_token
     env = {**os.environ, **opts.env, "PYTHONUNBUFFERED": "1", "PERFSUITE_PROFILER": profiler,
@@ -409,11 +409,11 @@ def run_cell(cell: Cell, out_dir: Path, opts: LaunchOptions | None = None) -> di
     timed_out = False
     with open(log_path, "wb") as log:
         try:
-            proc = starting.start_agent(argv, log.fileno(), env, start, cell, opts)
-        except agent.ZygoteError as err:  # the ranks start as fresh interpreters
-            start, start_note = "exec", str(err)
-            argv = plan.wrap(torchrun_argv(cell, directory, opts, profiler, plan, start))
-            proc = starting.start_agent(argv, log.fileno(), env, start, cell, opts)
+            proc = starter.start(argv, log.fileno(), env, cell)
+        except starting.ZygoteError as err:  # the ranks start as fresh interpreters
+            starter, start_note = starting.fallback(starter, err)
+            argv = plan.wrap(torchrun_argv(cell, directory, opts, profiler, plan, starter.name))
+            proc = starter.start(argv, log.fileno(), env, cell)
         seen: dict[int, Any] = {}
         try:
             returncode = _wait(proc, timeout, cell, directory, opts.on_progress, seen)
@@ -441,8 +441,7 @@ def run_cell(cell: Cell, out_dir: Path, opts: LaunchOptions | None = None) -> di
         result["output_tail"] = log_text[-OUTPUT_TAIL_CHARS:]
     result["argv"] = argv
     result["dir"] = str(directory)
-    result["info"] = {**(result.get("info") or {}), "rank_start": start,
-                      **({"rank_start_note": start_note} if start_note else {})}
+    result["info"] = {**(result.get("info") or {}), **starting.info(starter, start_note)}
     result["timeline"] = timeline(started, time.time(), records[0] if records else None, result)
     if profiler != "off":
         _attach_profile(result, profiler, profiler_note, directory / "profile", cell, opts)

@@ -1,17 +1,31 @@
-"""How a launch's ranks start: forked from a zygote that imported torch and
-the workload once, or each a fresh interpreter.
+"""How a launch starts its processes: read this file first.
 
-A fresh rank spends its first seconds importing (on the 2-core VM torch
-2.5 s, then torchvision and the optimiser's ``torch._dynamo`` 2.2 s; on an
-H100 host 5.4 s and 6.6 s were seen), and every launch pays them again. On one
-node without a wrapper, torchrun's own agent is forked from a zygote
-(perfsuite.launch.zygote, one per interpreter, directory and environment) and
-told to fork its ranks (``--start-method=fork --run-path
-perfsuite/rank/forked.py``): torchrun's rendezvous, rank processes and tee
-stay its own. ``rank_start="exec"`` (``--rank-start exec``,
-``$PERFSUITE_RANK_START=exec``) starts every rank fresh; so does a launch
-across nodes, under ``srun`` or under ``nsys``. A result's ``info.rank_start``
-says which ran, and ``info.rank_start_note`` why not fork where fork was asked.
+    launcher (pytest, perfsuite run, perfsuite ab's threads; never forks itself)
+      |-- execs --> zygote (perfsuite/launch/zygote.py; one per interpreter, directory and
+      |               |      environment: imports torch, torchrun and the workload once)
+      |               '-- forks --> torchrun's agent (torchrun's own main, on the launch's argv)
+      |                               |-- fork: forks --> ranks (perfsuite/rank/forked.py)
+      |                               '-- exec: execs --> ranks (python -m perfsuite.rank.worker)
+      '-- execs --> torchrun's agent, a fresh interpreter, where there is no zygote
+                      (srun, not Linux, $PERFSUITE_FORK_AGENT=0, the zygote failed)
+                      '-- execs (fork: forks) --> ranks
+
+One interface, ``Starter``: ``start(argv, log_fd, env, cell)`` returns the
+agent (a Popen-like process: pid, poll, wait, returncode) in a session of its
+own that dies with the launcher. Two of them: ``ForkStarter`` (ranks forked
+from the zygote's imports: seconds less a launch) and ``ExecStarter`` (each
+rank a fresh interpreter, as torchrun starts them). ``choose`` picks one from
+the launch's options, in one place; the zygotes are held by one pool
+(perfsuite.launch.agent.POOL), which a starter is handed.
+
+What runs once and what per rank (docs/explanation/launching.md): a forked
+rank inherits what the zygote ran at start-up and import (a sitecustomize,
+a .pth hook, module-level code) and runs none of it again; code there that
+reads RANK or LOCAL_RANK saw none. ``--rank-start exec``
+(``$PERFSUITE_RANK_START=exec``) gives every rank a fresh interpreter. A
+result's ``info.rank_start`` says which ran, ``info.rank_start_means`` what
+that means, ``info.rank_start_note`` why not fork where fork was asked, and
+``info.ran_once`` the start-up modules the zygote ran for every rank.
 """
 
 from __future__ import annotations
@@ -19,10 +33,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from typing import Any, Protocol
 
 from perfsuite import specs
 from perfsuite.cells import Cell
 from perfsuite.launch import agent, multinode
+from perfsuite.launch.agent import NVML_CHECK, NVML_CHECK_SET, ZygoteError, ZygotePool  # noqa: F401
 from perfsuite.options import RANK_STARTS
 from perfsuite.system.lifetime import die_with_me
 
@@ -32,19 +48,18 @@ from perfsuite.system.lifetime import die_with_me
 # they were launch time after training in every rank).
 PRELOAD = ["torch", "torch._dynamo", "torch.distributed.run", "perfsuite.rank.worker", "perfsuite.results",
            "jsonschema"]
-# torchrun's agent asks torch.accelerator.is_available() as it reads its
-# options (LaunchConfig, torch 2.9+), and on a GPU host that poisons every
-# fork after it: a forked rank then cannot start CUDA. Set for the agent, the
-# check reads NVML instead, which poisons nothing; perfsuite/rank/forked.py
-# takes it out of the rank's environment again where perfsuite put it there.
-NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
-NVML_CHECK_SET = "PERFSUITE_NVML_CHECK_SET"
-
-
+AGENT_PRELOAD = ["torch", "torch.distributed.run"]  # what an agent whose ranks exec needs
 # What a built-in workload's ranks import while they run, beyond its module:
 # the LLM recipes' datasets.load_dataset imports scipy.io (0.2-0.3 s a rank on
 # the 2-core VM, every launch), the QAT recipes torchao's QAT (~0.35 s).
 WORKLOAD_PRELOAD = {"llm": ["scipy.io", "torchao.prototype.qat", "perfsuite.profiling"]}
+MEANS = {
+    "fork": "each rank forked from a zygote that imported torch and the workload once: start-up code "
+            "(sitecustomize, .pth, module level) ran there, before any rank, without RANK; "
+            "--rank-start exec gives fresh interpreters",
+    "exec": "each rank a fresh interpreter: start-up code (sitecustomize, .pth, module level) ran in every "
+            "rank, with its RANK",
+}
 
 
 def preload_modules(cell: Cell) -> list[str]:
@@ -75,32 +90,107 @@ def rank_start(asked: str | None, profiler: str, plan: multinode.Plan) -> tuple[
     return "fork", None
 
 
-def _with_nvml_check(env: dict[str, str]) -> dict[str, str]:
-    return env if NVML_CHECK in env else {**env, NVML_CHECK: "1", NVML_CHECK_SET: "1"}
+class Process(Protocol):
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
 
 
-def warm_zygote(cell: Cell, start: str, python: str, env: dict[str, str]) -> None:
-    """Where ``cell``'s ranks will fork, start their zygote now, in the
-    background (agent.warm), while the launcher builds the launch: on the
-    2-core VM its imports then ran beside the launcher's own. ``env``: the
-    launch's, but for what each launch sets anew (agent.PER_LAUNCH_ENV,
-    PERFSUITE_*), which zygotes do not tell apart."""
-    if start == "fork" and agent.may_fork_agent():
-        agent.warm(python, _with_nvml_check(env), preload_modules(cell), cuda=cell.device == "cuda")
+class Starter(Protocol):
+    name: str  # "fork" | "exec": the result's info.rank_start
+    python: str  # the launch's interpreter
+    ran_once: dict[str, str]  # start-up modules run once for every rank (sitecustomize), once started
+
+    def warm(self, cell: Cell, env: dict[str, str]) -> None:
+        """Start what ``start`` will need (a zygote) in the background."""
+
+    def start(self, argv: list[str], log_fd: int, env: dict[str, str], cell: Cell) -> Process:
+        """torchrun's agent on ``argv``, writing to ``log_fd``, in ``env``."""
 
 
-def start_agent(argv: list[str], log_fd: int, env: dict[str, str], start: str, cell: Cell, opts):
-    """The launch's torchrun agent (a Popen-like object): forked from a zygote
-    where the ranks fork (raises agent.ZygoteError where there is none), else
-    forked from this process where ``opts.fork_agent`` allows it, else a
-    fresh interpreter ($PERFSUITE_FORK_AGENT=0: always; its ranks then fork
-    from it where they fork, with torch imported but not the workload)."""
-    if start == "fork":
-        env = _with_nvml_check(env)
-    if start == "fork" and agent.may_fork_agent():
-        return agent.start_forked(argv, log_fd, env, opts.python, preload_modules(cell),
-                                  cuda=cell.device == "cuda")
-    if opts.fork_agent and agent.can_fork(argv):  # the agent without a fresh interpreter's imports
-        return agent.ForkedAgent(argv, log_fd, env)
+def fresh_agent(argv: list[str], log_fd: int, env: dict[str, str]) -> subprocess.Popen:
+    """torchrun's agent as a fresh interpreter (or srun), in a session of its
+    own (a timeout or Ctrl-C ends its tree), dying with the launcher."""
     return subprocess.Popen(argv, stdout=log_fd, stderr=subprocess.STDOUT, env=env,
                             start_new_session=True, preexec_fn=die_with_me())
+
+
+class ExecStarter:
+    """Every rank a fresh interpreter, as torchrun starts them. The agent is
+    forked from the pool's zygote (torchrun imported once: ~2 s less a
+    launch on the 2-core VM) where there is one and the command line is this
+    interpreter's plain torchrun, else a fresh interpreter."""
+
+    name = "exec"
+
+    def __init__(self, python: str, pool: ZygotePool | None = None) -> None:
+        self.python, self.pool, self.ran_once = python, pool, {}
+
+    def warm(self, cell: Cell, env: dict[str, str]) -> None:
+        if self.pool is not None:
+            self.pool.warm(self.python, env, AGENT_PRELOAD, cuda=False)
+
+    def start(self, argv: list[str], log_fd: int, env: dict[str, str], cell: Cell) -> Process:
+        if self.pool is not None and argv[:3] == [self.python, *agent.TORCHRUN]:
+            try:  # its ranks exec: a zygote that touched CUDA serves as well
+                return self.pool.launch(argv, log_fd, env, self.python, AGENT_PRELOAD, cuda=False)
+            except ZygoteError:
+                pass  # the pool remembers why; the agent starts as torchrun's would
+        return fresh_agent(argv, log_fd, env)
+
+
+class ForkStarter:
+    """Ranks forked by torchrun's agent (``--start-method=fork --run-path
+    perfsuite/rank/forked.py``), itself forked from the pool's zygote, which
+    imported torch and the cell's built-in workload once. Raises ZygoteError
+    where there is no zygote (the launch then falls back: ``fallback``).
+    Without a pool ($PERFSUITE_FORK_AGENT=0) the agent is a fresh
+    interpreter and the ranks fork from it, torch imported but not the workload."""
+
+    name = "fork"
+
+    def __init__(self, python: str, pool: ZygotePool | None = None) -> None:
+        self.python, self.pool, self.ran_once = python, pool, {}
+
+    def warm(self, cell: Cell, env: dict[str, str]) -> None:
+        if self.pool is not None:
+            self.pool.warm(self.python, env, preload_modules(cell), cuda=cell.device == "cuda")
+
+    def start(self, argv: list[str], log_fd: int, env: dict[str, str], cell: Cell) -> Process:
+        env = agent.with_nvml_check(env)
+        if self.pool is None:
+            return fresh_agent(argv, log_fd, env)
+        proc = self.pool.launch(argv, log_fd, env, self.python, preload_modules(cell), cuda=cell.device == "cuda")
+        self.ran_once = dict(proc.zygote.startup)
+        return proc
+
+
+def choose(opts: Any, profiler: str, plan: multinode.Plan,
+           pool: ZygotePool | None = None) -> tuple[Starter, str | None]:
+    """The launch's starter, and why its ranks do not fork where fork was
+    asked: the one place a launch's processes are decided. ``opts``: its
+    LaunchOptions (rank_start, fork_agent, python); ``pool``: the zygotes
+    (default: this launcher's, agent.POOL), none where its agent is not to be
+    forked (``opts.fork_agent`` false) or off Linux."""
+    start, note = rank_start(opts.rank_start, profiler, plan)
+    forks = opts.fork_agent and sys.platform.startswith("linux")
+    pool = (pool or agent.POOL) if forks else None
+    return (ForkStarter if start == "fork" else ExecStarter)(opts.python, pool), note
+
+
+def fallback(starter: Starter, err: ZygoteError) -> tuple[Starter, str]:
+    """After a ForkStarter found no zygote: fresh interpreters, the agent's too."""
+    return ExecStarter(starter.python), str(err)
+
+
+def info(starter: Starter, note: str | None) -> dict[str, Any]:
+    """What a launch's result says of its start: which ran (``rank_start``),
+    what that means for code run at start-up and import (``rank_start_means``),
+    why not fork where fork was asked (``rank_start_note``), and the start-up
+    modules its zygote ran once for every rank (``ran_once``, a sitecustomize
+    by its file)."""
+    return {"rank_start": starter.name, "rank_start_means": MEANS[starter.name],
+            **({"rank_start_note": note} if note else {}), **({"ran_once": starter.ran_once} if starter.ran_once else {})}

@@ -5,17 +5,19 @@ importing (on the 2-core VM torch 2.2 s, then torchvision or DDP's
 ``torch._dynamo`` 1.5-2 s, torchtune ~4 s), and so does every launch again.
 This process imports them once per launcher, then for each launch forks
 torchrun's agent, which runs torchrun's own ``main`` on the launch's command
-line. That command line asks torchrun to fork its ranks (``--start-method=fork
---run-path perfsuite/rank/forked.py``: elastic_launch with a function
-entrypoint, ``LaunchConfig.start_method``), so each rank starts with
-everything imported. Rendezvous, rank processes, restarts and tee stay
-torchrun's.
+line. Where the ranks fork, that command line asks torchrun to fork them
+(``--start-method=fork --run-path perfsuite/rank/forked.py``: elastic_launch
+with a function entrypoint, ``LaunchConfig.start_method``), so each rank
+starts with everything imported; where they exec, the agent alone skips the
+imports. Rendezvous, rank processes, restarts and tee stay torchrun's. The
+whole picture: perfsuite.launch.starting.
 
 Why a process of its own, not the launcher: a launcher (pytest, ``perfsuite
 run``) may have initialised CUDA (``torch.cuda.is_available``, the
-fingerprint), after which a forked child cannot use it; and a rank forked from
-the launcher would carry its memory (peak RSS) and state. This one only
-imports. Whether its imports touched CUDA all the same (``cudaGetDeviceCount``
+fingerprint), after which a forked child cannot use it; it may run threads
+(``perfsuite ab``'s sides), of which a fork keeps only the forking one; and a
+rank forked from the launcher would carry its memory (peak RSS) and state.
+This one only imports. Whether its imports touched CUDA all the same (``cudaGetDeviceCount``
 marks every later fork "bad") is checked in a forked probe after every
 import; the launcher forks no CUDA cell's ranks from one that did.
 
@@ -28,7 +30,8 @@ each rank the signal handlers and thread count of a fresh interpreter
 (``perfsuite/rank/forked.py``).
 
 Protocol, over a SOCK_SEQPACKET socket pair, one JSON object a message:
-``{"op": "preload", "modules": [...]}`` -> ``{"preloaded", "failed", "cuda_clean"}``;
+``{"op": "preload", "modules": [...]}`` -> ``{"preloaded", "failed", "cuda_clean"}`` (the
+first answer, unasked, also has ``startup``: a sitecustomize it ran);
 ``{"op": "launch", "args", "env", "cwd", "title"}`` with the log's file
 descriptor -> ``{"pid"}``, or ``{"stale": path}`` where an imported module's
 source changed since (the launcher starts a new zygote); and unasked, ``{"exit": pid, "code": code}`` once
@@ -254,8 +257,7 @@ def run_torchrun(main, args: list[str]) -> None:
 def exit_after(body) -> None:
     """Run ``body`` (a forked agent's set-up and torchrun's main), then end
     this process with its exit code, never returning: torchrun's SystemExit
-    code, 0 when it returned, 1 when it raised (its traceback in the log).
-    Also the agent forked from a launcher's (perfsuite.launch.agent.ForkedAgent)."""
+    code, 0 when it returned, 1 when it raised (its traceback in the log)."""
     code = 1
     try:
         body()
@@ -268,6 +270,15 @@ def exit_after(body) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def startup_modules() -> dict[str, str]:
+    """The start-up modules Python ran in this process before anything else
+    (``site`` imports them: a ``sitecustomize`` or ``usercustomize`` on the
+    path), by the file each came from. They ran here once: a forked rank
+    inherits what they did and never runs them itself."""
+    return {name: str(getattr(sys.modules[name], "__file__", None))
+            for name in ("sitecustomize", "usercustomize") if name in sys.modules}
 
 
 def main(argv: list[str]) -> None:
@@ -284,7 +295,7 @@ def main(argv: list[str]) -> None:
     set_title([sys.executable, __file__, "(perfsuite: torch and the workloads imported; forks torchrun's agents)"])
     answer = preload([m for m in opts.get("preload", "").split(",") if m])
     server.note_files()
-    server.send({"ready": True, "pid": os.getpid(), **answer})
+    server.send({"ready": True, "pid": os.getpid(), "startup": startup_modules(), **answer})
     server.serve()
     os._exit(0)
 

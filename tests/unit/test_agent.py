@@ -1,56 +1,112 @@
-"""torchrun's agent forked from the launcher: when it is, and that it is torchrun."""
+"""torchrun's agent forked from a zygote, the pool of zygotes, and the
+launch's one choice of how its processes start (perfsuite.launch.starting)."""
 
 import os
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import psutil
 import pytest
+from cellkit import tiny_image_cell
 
-from perfsuite.launch import agent
+from perfsuite.launch import agent, multinode, starting
+from perfsuite.launch.launch import LaunchOptions
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 
-def test_only_this_interpreters_plain_torchrun_is_forked(monkeypatch):
-    from perfsuite.launch.launch import LaunchOptions
+class FakePool:
+    """A ZygotePool's part a starter uses; ``fail``: it has no zygote."""
 
-    assert agent.can_fork([*TORCHRUN, "--standalone", "-m", "perfsuite.rank.worker"])
-    assert not agent.can_fork(["/other/venv/bin/python", "-m", "torch.distributed.run"])
-    assert not agent.can_fork(["srun", "--ntasks-per-node=1", *TORCHRUN])
-    assert LaunchOptions().fork_agent
+    def __init__(self, fail=False):
+        self.fail, self.warmed, self.launched = fail, [], []
+
+    def warm(self, python, env, preload, cuda):
+        self.warmed.append((python, preload, cuda))
+
+    def launch(self, argv, log_fd, env, python, preload, cuda):
+        if self.fail:
+            raise agent.ZygoteError("no zygote: refused for the test")
+        self.launched.append((argv, env, preload, cuda))
+        return SimpleNamespace(pid=1, zygote=SimpleNamespace(startup={"sitecustomize": "/s/sitecustomize.py"}))
+
+
+def test_the_launch_options_choose_one_starter_and_whether_its_agent_forks(monkeypatch):
+    plan = multinode.plan(tiny_image_cell(), multinode.Nodes())
+    monkeypatch.delenv("PERFSUITE_RANK_START", raising=False)
+    monkeypatch.delenv("PERFSUITE_FORK_AGENT", raising=False)
+    pool = FakePool()
+    fork, note = starting.choose(LaunchOptions(), "off", plan, pool)
+    assert isinstance(fork, starting.ForkStarter) and fork.pool is pool and note is None
+    fresh, note = starting.choose(LaunchOptions(rank_start="exec"), "off", plan, pool)
+    assert isinstance(fresh, starting.ExecStarter) and fresh.pool is pool and note is None
+    under_nsys, note = starting.choose(LaunchOptions(), "nsys", plan, pool)
+    assert under_nsys.name == "exec" and "nsys" in note
+    assert starting.choose(LaunchOptions(), "off", plan)[0].pool is agent.POOL  # the launcher's own
+    assert starting.choose(LaunchOptions(fork_agent=False), "off", plan, pool)[0].pool is None
     monkeypatch.setenv("PERFSUITE_FORK_AGENT", "0")  # the user's switch, read as the options are built
-    assert not LaunchOptions().fork_agent
+    assert not LaunchOptions().fork_agent and starting.choose(LaunchOptions(), "off", plan, pool)[0].pool is None
 
 
-def test_a_forked_agent_runs_torchrun_with_its_own_session_log_and_environment(tmp_path):
+def test_an_exec_launchs_agent_is_forked_from_the_zygote_only_for_this_interpreters_plain_torchrun(monkeypatch):
+    fresh = []
+    monkeypatch.setattr(starting, "fresh_agent", lambda argv, log_fd, env: fresh.append(argv) or "fresh")
+    pool, cell = FakePool(), tiny_image_cell()
+    starter = starting.ExecStarter(sys.executable, pool)
+    starter.warm(cell, {})
+    assert pool.warmed == [(sys.executable, starting.AGENT_PRELOAD, False)]  # its ranks exec: CUDA is theirs
+    assert starter.start([*TORCHRUN, "--standalone"], 1, {"A": "1"}, cell).pid == 1
+    assert pool.launched[0][1] == {"A": "1"} and starter.ran_once == {}  # each rank runs its own start-up
+    assert starter.start(["srun", "--nodes=2", *TORCHRUN], 1, {}, cell) == "fresh"
+    assert starting.ExecStarter("/other/python", pool).start(TORCHRUN, 1, {}, cell) == "fresh"
+    assert starting.ExecStarter(sys.executable, FakePool(fail=True)).start(TORCHRUN, 1, {}, cell) == "fresh"
+    assert starting.ExecStarter(sys.executable).start(TORCHRUN, 1, {}, cell) == "fresh"
+    assert len(pool.launched) == 1 and len(fresh) == 4
+
+
+def test_a_fork_launch_says_what_its_zygote_ran_once_and_raises_where_there_is_none(monkeypatch):
+    pool, cell = FakePool(), tiny_image_cell()
+    starter = starting.ForkStarter(sys.executable, pool)
+    starter.start(TORCHRUN, 1, {}, cell)
+    assert pool.launched[0][2] == starting.preload_modules(cell)
+    info = starting.info(starter, None)
+    assert info["rank_start"] == "fork" and info["ran_once"] == {"sitecustomize": "/s/sitecustomize.py"}
+    assert "without RANK" in info["rank_start_means"] and "--rank-start exec" in info["rank_start_means"]
+    with pytest.raises(agent.ZygoteError):
+        starting.ForkStarter(sys.executable, FakePool(fail=True)).start(TORCHRUN, 1, {}, cell)
+    after, note = starting.fallback(starter, agent.ZygoteError("no zygote: x"))
+    assert isinstance(after, starting.ExecStarter) and after.pool is None and note == "no zygote: x"
+    assert starting.info(after, note) == {"rank_start": "exec", "rank_start_means": starting.MEANS["exec"],
+                                          "rank_start_note": "no zygote: x"}
+
+
+@pytest.fixture
+def zygote(tmp_path):
+    z = agent.Zygote(sys.executable, dict(os.environ), str(tmp_path), ["torch"])
+    yield z
+    z.close()
+
+
+def test_a_zygote_agent_runs_torchrun_with_its_own_session_log_and_environment(zygote, tmp_path):
+    """The exec path's agent: forked from the zygote, its ranks fresh interpreters."""
     log = tmp_path / "output.log"
-    script = ("import os; print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], 'sees', "
-              "os.environ['PERFSUITE_TEST_VALUE'], 'in session', os.getsid(0), flush=True)")
+    script = ("import os, sys; print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], 'sees', "
+              "os.environ['PERFSUITE_TEST_VALUE'], 'in session', os.getsid(0), 'preloaded', "
+              "'torch' in sys.modules, flush=True)")
     argv = [*TORCHRUN, "--standalone", "--nproc-per-node=1", "--max-restarts=0", "--no-python",
             sys.executable, "-c", script]
     with open(log, "wb") as out:
-        proc = agent.ForkedAgent(argv, out.fileno(), {**os.environ, "PERFSUITE_TEST_VALUE": "42"})
+        proc = zygote.launch(argv, out.fileno(), {**os.environ, "PERFSUITE_TEST_VALUE": "42"}, str(tmp_path))
         assert proc.wait(timeout=120) == 0 and proc.returncode == 0
-    text = log.read_text()
-    assert "rank 0 of 1 sees 42 in session" in text
-    assert f"in session {os.getsid(0)}\n" not in text  # not the launcher's session
-    assert "PERFSUITE_TEST_VALUE" not in os.environ  # the launcher's own environment is untouched
-
-
-def test_a_failing_agent_reports_its_exit_code_and_wait_times_out(tmp_path):
-    with open(tmp_path / "log", "wb") as out:
-        bad = agent.ForkedAgent([*TORCHRUN, "--no-such-flag"], out.fileno(), dict(os.environ))
+        bad = zygote.launch([*TORCHRUN, "--no-such-flag"], out.fileno(), dict(os.environ), str(tmp_path))
         assert bad.wait(timeout=120) == 2  # argparse's usage error
-        slow = agent.ForkedAgent([*TORCHRUN, "--standalone", "--nproc-per-node=1", "--no-python",
-                                  "sleep", "30"], out.fileno(), dict(os.environ))
-        with pytest.raises(subprocess.TimeoutExpired):
-            slow.wait(timeout=0.5)
-        assert os.getsid(slow.pid) == slow.pid  # the agent leads a session of its own
-        os.killpg(slow.pid, 9)
-        assert slow.wait(timeout=30) == -9
-    assert "torchrun: error:" in (tmp_path / "log").read_text()
+    text = log.read_text()
+    assert "rank 0 of 1 sees 42 in session" in text and "preloaded False" in text  # a fresh rank
+    assert f"in session {os.getsid(0)} " not in text  # not the launcher's session
+    assert "PERFSUITE_TEST_VALUE" not in os.environ  # the launcher's own environment is untouched
+    assert "torchrun: error:" in text
 
 
 # --- ranks forked from a zygote -------------------------------------------------------
@@ -61,13 +117,6 @@ print("rank", os.environ["RANK"], "ppid", os.getppid(), "preloaded", "torch" in 
       "sees", os.environ["PERFSUITE_TEST_VALUE"], "in", os.getcwd(), "args", sys.argv[1:],
       "frozen", gc.get_freeze_count() > 10000, flush=True)
 """
-
-
-@pytest.fixture
-def zygote(tmp_path):
-    z = agent.Zygote(sys.executable, dict(os.environ), str(tmp_path), ["torch"])
-    yield z
-    z.close()
 
 
 def launch_in(z, tmp_path, *args, env=None, script=RANK_SCRIPT):
@@ -120,17 +169,16 @@ def test_an_import_that_asks_cuda_is_kept_out_of_the_zygote_of_cuda_cells(tmp_pa
     # without a GPU (torch.cuda.is_available): a forked rank could not use it.
     (tmp_path / "asks_cuda.py").write_text("import torch\ntorch.cuda.is_available()\n")
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(agent, "_TOUCH_CUDA", set())
-    monkeypatch.setattr(agent, "_ZYGOTES", {})
-    env = {**os.environ, "PERFSUITE_TEST_KEY": "cuda"}
+    pool = agent.ZygotePool()
+    env = dict(os.environ)
     try:
-        cpu = agent.zygote_for(sys.executable, env, ["torch", "asks_cuda"], cuda=False)
+        cpu = pool.zygote_for(sys.executable, env, ["torch", "asks_cuda"], cuda=False)
         assert not cpu.cuda_clean and cpu.cuda_touched_by == "asks_cuda"  # harmless for CPU ranks
-        gpu = agent.zygote_for(sys.executable, env, ["torch", "asks_cuda"], cuda=True)
+        gpu = pool.zygote_for(sys.executable, env, ["torch", "asks_cuda"], cuda=True)
         assert gpu is not cpu and not cpu.alive()
-        assert gpu.cuda_clean and gpu.preloaded == {"torch"} and agent._TOUCH_CUDA == {"asks_cuda"}
+        assert gpu.cuda_clean and gpu.preloaded == {"torch"} and pool.touch_cuda == {"asks_cuda"}
     finally:
-        agent.close_zygotes()
+        pool.close()
 
 
 def test_one_zygote_serves_launches_that_differ_only_in_what_ranks_read_at_run_time():
@@ -140,41 +188,42 @@ def test_one_zygote_serves_launches_that_differ_only_in_what_ranks_read_at_run_t
                                          "CUDA_VISIBLE_DEVICES": "1", "PYTEST_CURRENT_TEST": "t.py::x"}, "/w")
     assert key != agent.zygote_key("py", {**env, "LD_PRELOAD": "libjemalloc.so"}, "/w")
     assert key != agent.zygote_key("py", env, "/elsewhere") != agent.zygote_key("other", env, "/w")
+    # launches whose ranks fork (the agent asks CUDA through NVML) and exec share one
+    assert agent.ZygotePool.key("py", env) == agent.ZygotePool.key("py", agent.with_nvml_check(env))
 
 
 def test_a_zygote_that_cannot_start_says_why_and_is_not_tried_again(tmp_path, monkeypatch):
-    monkeypatch.setattr(agent, "_FAILED", {})
-    monkeypatch.setattr(agent, "_ZYGOTES", {})
+    pool = agent.ZygotePool()
     with pytest.raises(agent.ZygoteError, match="no zygote"):
-        agent.zygote_for(str(tmp_path / "no-python"), dict(os.environ), [], cuda=False)
+        pool.zygote_for(str(tmp_path / "no-python"), dict(os.environ), [], cuda=False)
     with pytest.raises(agent.ZygoteError, match="no zygote"):
-        agent.zygote_for(str(tmp_path / "no-python"), dict(os.environ), [], cuda=False)
-    assert len(agent._FAILED) == 1
+        pool.zygote_for(str(tmp_path / "no-python"), dict(os.environ), [], cuda=False)
+    assert len(pool.failed) == 1 and pool.zygotes == {}
 
 
 def test_a_zygote_whose_imported_code_changed_is_replaced_before_it_forks_old_code(tmp_path, monkeypatch):
     (tmp_path / "trained.py").write_text("VALUE = 1\n")  # a module the ranks would import
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(agent, "_ZYGOTES", {})
+    pool = agent.ZygotePool()
     script = tmp_path / "rank.py"
     script.write_text("import sys, trained\nprint('loaded', 'trained' in sys.modules, 'value', trained.VALUE)\n")
     argv = [*TORCHRUN, "--standalone", "--nproc-per-node=1", "--start-method=fork", "--run-path", str(script)]
-    env = {**os.environ, "PERFSUITE_TEST_KEY": "stale"}
+    env = dict(os.environ)
 
     def run(log):
         with open(log, "wb") as out:
-            proc = agent.start_forked(argv, out.fileno(), env, sys.executable, ["trained"], cuda=False)
+            proc = pool.launch(argv, out.fileno(), env, sys.executable, ["trained"], cuda=False)
             assert proc.wait(timeout=120) == 0
         return log.read_text()
 
     try:
         assert "value 1" in run(tmp_path / "first.log")
-        first = next(iter(agent._ZYGOTES.values()))
+        first = next(iter(pool.zygotes.values()))
         (tmp_path / "trained.py").write_text("VALUE = 22\n")  # a checkout moved on: git bisect
         assert "value 22" in run(tmp_path / "second.log")
-        assert not first.alive() and next(iter(agent._ZYGOTES.values())) is not first
+        assert not first.alive() and next(iter(pool.zygotes.values())) is not first
     finally:
-        agent.close_zygotes()
+        pool.close()
 
 
 @pytest.mark.slow
@@ -187,9 +236,8 @@ def test_a_zygote_started_from_a_thread_outlives_it_and_serves_two_threads_at_on
     import threading
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(agent, "_ZYGOTES", {})
-    monkeypatch.setattr(agent, "_FAILED", {})
-    env = {**os.environ, "PERFSUITE_TEST_KEY": "threads"}
+    pool = agent.ZygotePool()
+    env = dict(os.environ)
     (tmp_path / "rank.py").write_text("import sys, time; time.sleep(float(sys.argv[1]))\n")
 
     def argv(seconds):
@@ -199,24 +247,24 @@ def test_a_zygote_started_from_a_thread_outlives_it_and_serves_two_threads_at_on
     started = {}
     try:
         thread = threading.Thread(target=lambda: started.update(
-            z=agent.zygote_for(sys.executable, env, ["torch"], cuda=False)))
+            z=pool.zygote_for(sys.executable, env, ["torch"], cuda=False)))
         thread.start()
         thread.join()
         time.sleep(1.5)  # a parent-death signal would have ended it by now
         assert started["z"].alive()
         with open(tmp_path / "slow.log", "wb") as log:
-            slow = agent.start_forked(argv(20), log.fileno(), env, sys.executable, ["torch"], cuda=False)
+            slow = pool.launch(argv(20), log.fileno(), env, sys.executable, ["torch"], cuda=False)
         waiting = threading.Thread(target=slow.wait, daemon=True)
         waiting.start()  # waits on the zygote's socket for ~20 s (one waiter an agent, as in a launch)
         began = time.monotonic()
         with open(tmp_path / "quick.log", "wb") as log:
-            quick = agent.start_forked(argv(0), log.fileno(), env, sys.executable, ["torch"], cuda=False)
+            quick = pool.launch(argv(0), log.fileno(), env, sys.executable, ["torch"], cuda=False)
         assert quick.wait(timeout=60) == 0
         assert time.monotonic() - began < 15 and waiting.is_alive()  # not after the slow one
         waiting.join(90)
         assert slow.returncode == 0
     finally:
-        agent.close_zygotes()
+        pool.close()
 
 
 def test_a_zygote_warmed_in_the_background_is_the_one_the_launch_then_gets(monkeypatch):
@@ -245,27 +293,24 @@ def test_a_zygote_warmed_in_the_background_is_the_one_the_launch_then_gets(monke
         def close(self):
             pass
 
-    monkeypatch.setattr(agent, "Zygote", SlowZygote)
-    monkeypatch.setattr(agent, "_ZYGOTES", {})
-    monkeypatch.setattr(agent, "_FAILED", {})
-    monkeypatch.setattr(agent, "_WARMING", {})
+    pool = agent.ZygotePool(make=SlowZygote)
     env = {"PATH": "/bin"}
-    agent.warm("py", env, ["torch"], cuda=False)  # returns while the zygote is still starting
-    agent.warm("py", env, ["torch"], cuda=False)  # one start a key
-    assert made == [] and len(agent._WARMING) == 1
+    pool.warm("py", env, ["torch"], cuda=False)  # returns while the zygote is still starting
+    pool.warm("py", env, ["torch"], cuda=False)  # one start a key
+    assert made == [] and len(pool.warming) == 1
     got = []
-    launch = threading.Thread(target=lambda: got.append(agent.zygote_for("py", env, ["torch"], cuda=False)))
+    launch = threading.Thread(target=lambda: got.append(pool.zygote_for("py", env, ["torch"], cuda=False)))
     launch.start()
     launch.join(0.2)
     assert launch.is_alive() and got == []  # waiting for the warm start, not starting its own
     release.set()
     launch.join(30)
-    assert got == made and len(made) == 1 and agent._WARMING == {}
-    agent.warm("py", env, ["torch"], cuda=False)  # already there: nothing started
-    assert agent._WARMING == {} and len(made) == 1
-    agent.warm("no-python", env, ["torch"], cuda=False)
+    assert got == made and len(made) == 1 and pool.warming == {}
+    pool.warm("py", env, ["torch"], cuda=False)  # already there: nothing started
+    assert pool.warming == {} and len(made) == 1
+    pool.warm("no-python", env, ["torch"], cuda=False)
     with pytest.raises(agent.ZygoteError, match="cannot start"):
-        agent.zygote_for("no-python", env, ["torch"], cuda=False)
+        pool.zygote_for("no-python", env, ["torch"], cuda=False)
 
 
 # --- a launcher whose options forbid forking it -------------------------------------
@@ -275,7 +320,6 @@ def fresh_agents(monkeypatch):
     """The launch's torchrun agents as they were asked for (a fresh interpreter's
     command line), each standing in as a process that exits at once; and a
     launcher that fails the test where it forks itself."""
-    from perfsuite.launch import starting
 
     def no_fork():
         raise AssertionError("the launcher forked itself")
@@ -293,24 +337,25 @@ def fresh_agents(monkeypatch):
     return started
 
 
-@pytest.mark.parametrize("path", ["exec", "zygote-error"])
-def test_a_launch_that_must_not_fork_its_launcher_never_forks_it(tmp_path, monkeypatch, fresh_agents, path):
+@pytest.mark.parametrize("start", ["exec", "fork"])
+@pytest.mark.parametrize("case", ["no-fork-option", "zygote-error"])
+def test_a_launch_that_must_not_fork_its_launcher_never_forks_it(tmp_path, monkeypatch, fresh_agents, start, case):
     """The resident A/B launches both sides from threads of one launcher: a
     fork of it copies only the forking thread, and a lock the other side's
-    thread held stays held in the child for good. Its options say the agent
-    must not be forked from the launcher; on the exec path and on the
-    fallback where the zygote fails, the agent is then a fresh interpreter."""
-    from cellkit import tiny_image_cell
+    thread held stays held in the child for good. No launch forks its
+    launcher: not where its options say the agent is not to be forked
+    (``fork_agent=False``, $PERFSUITE_FORK_AGENT=0), and not where the zygote
+    fails (on the exec path and on the fork path's fallback): the agent is
+    then a fresh interpreter."""
+    from perfsuite.launch.launch import run_cell
 
-    from perfsuite.launch.launch import LaunchOptions, run_cell
-
-    def no_zygote(*args, **kwargs):
-        raise agent.ZygoteError("no zygote: refused for the test")
-
-    monkeypatch.setattr(agent, "warm", lambda *a, **k: None)
-    monkeypatch.setattr(agent, "start_forked", no_zygote)
-    opts = LaunchOptions(rank_start="exec" if path == "exec" else "fork",
-                         fork_agent=False)  # what perfsuite.gate.resident passes
+    failing = FakePool(fail=True)  # the launcher's pool, with no zygote to give
+    monkeypatch.setattr(agent.POOL, "warm", failing.warm)
+    monkeypatch.setattr(agent.POOL, "launch", failing.launch)
+    opts = LaunchOptions(rank_start=start, fork_agent=case != "no-fork-option")
     result = run_cell(tiny_image_cell(world_size=1), tmp_path, opts)
-    assert result["info"]["rank_start"] == "exec"
-    assert [argv[:3] for argv in fresh_agents] == [[sys.executable, "-m", "torch.distributed.run"]]
+    assert [argv[:3] for argv in fresh_agents] == [TORCHRUN]
+    forks = start == "fork" and case == "no-fork-option"  # its ranks fork from the fresh agent
+    assert result["info"]["rank_start"] == ("fork" if forks else "exec")
+    assert ("--start-method=fork" in fresh_agents[0]) == forks
+    assert ("no zygote" in result["info"].get("rank_start_note", "")) == (start == "fork" and not forks)

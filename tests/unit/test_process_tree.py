@@ -127,7 +127,7 @@ import psutil
 
 def agent():
     # torchrun's agent: the ancestor that runs it (fresh, or retitled by a zygote), else the
-    # launcher's child on the way up (an agent forked from the launcher shows its command line)
+    # launcher's child on the way up
     chain = psutil.Process().parents()
     launcher = int(os.environ["PERFSUITE_LAUNCHER_PID"])
     named = [p for p in chain if "torch.distributed.run" in " ".join(p.cmdline())]

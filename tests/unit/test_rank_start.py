@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 from cellkit import tiny_image_cell as tiny
@@ -124,22 +125,26 @@ def test_a_cpu_rank_forked_after_cuda_was_asked_trains_where_it_was_forked(tmp_p
     assert code == 0 and record["status"] == "ok" and record["pid"] == forked_pid
 
 
-def test_the_agent_checks_cuda_through_nvml_and_the_rank_gets_the_users_environment_back(monkeypatch):
-    """PYTORCH_NVML_BASED_CUDA_CHECK=1 for the agent (torch's own way to ask
-    without poisoning forks), never where the user set it themselves."""
-    seen = {}
+def test_the_agent_checks_cuda_through_nvml_and_the_rank_gets_the_users_environment_back():
+    """PYTORCH_NVML_BASED_CUDA_CHECK=1 for the agent whose ranks fork (torch's
+    own way to ask without poisoning forks), never where the user set it
+    themselves, nor for an agent whose ranks exec (a fresh rank keeps the
+    user's environment as it is)."""
+    seen = []
 
-    def forked(argv, log_fd, env, python, preload, cuda):
-        seen.update(env)
-        return "agent"
+    class Pool:
+        def launch(self, argv, log_fd, env, python, preload, cuda):
+            seen.append(env)
+            return SimpleNamespace(pid=1, zygote=SimpleNamespace(startup={}))
 
-    monkeypatch.setattr(agent, "start_forked", forked)
-    monkeypatch.setattr(agent, "may_fork_agent", lambda: True)
-    assert starting.start_agent(["py"], 1, {"A": "1"}, "fork", tiny(), LaunchOptions()) == "agent"
-    assert seen[starting.NVML_CHECK] == "1" and seen[starting.NVML_CHECK_SET] == "1"
-    seen.clear()
-    starting.start_agent(["py"], 1, {starting.NVML_CHECK: "0"}, "fork", tiny(), LaunchOptions())
-    assert seen[starting.NVML_CHECK] == "0" and starting.NVML_CHECK_SET not in seen
+    fork, fresh = starting.ForkStarter(sys.executable, Pool()), starting.ExecStarter(sys.executable, Pool())
+    argv = [sys.executable, "-m", "torch.distributed.run"]
+    assert fork.start(argv, 1, {"A": "1"}, tiny()).pid == 1
+    assert seen[-1][starting.NVML_CHECK] == "1" and seen[-1][starting.NVML_CHECK_SET] == "1"
+    fork.start(argv, 1, {starting.NVML_CHECK: "0"}, tiny())
+    assert seen[-1][starting.NVML_CHECK] == "0" and starting.NVML_CHECK_SET not in seen[-1]
+    fresh.start(argv, 1, {"A": "1"}, tiny())
+    assert seen[-1] == {"A": "1"}
 
 
 @pytest.mark.slow
