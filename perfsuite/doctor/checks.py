@@ -407,13 +407,13 @@ def check_history(url: str | None) -> Check:
 def check_launch(torch: dict[str, Any], tier: str | None) -> Check:
     """One real launch: on a GPU for a GPU tier (without a tier, where torch
     sees one), else on the CPU. A launch that fails blocks every tier."""
-    gpus = torch.get("count") or 0
-    device = "cuda" if gpus and tier != "smoke" else "cpu"
+    device = "cuda" if (torch.get("count") or 0) and tier != "smoke" else "cpu"
     why_cpu = " (no GPU to launch on: see the gpus line)" if tier in GPU_TIERS and device == "cpu" else ""
     done = doctor_facts.tiny_launch(device)
     what = f"a 1-rank torchrun launch of the probe on {device}"
-    if done["status"] == "ok":
-        return Check("launch", OK, f"{what} worked ({done['wall_s']:.1f} s){why_cpu}")
+    if done["status"] == "ok":  # and which rank start it ran: what that means for code run at import
+        from perfsuite.launch.starting import start_here
+        return Check("launch", OK, f"{what} worked ({done['wall_s']:.1f} s){why_cpu}; {start_here()}")
     if done["status"] == "skipped":
         return Check("launch", WARN, f"{what} was skipped: {done['reason']}{why_cpu}")
     # What the rank printed says why (torchrun's own error table ends the output)

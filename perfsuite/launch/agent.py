@@ -24,6 +24,7 @@ TORCHRUN = ["-m", "torch.distributed.run"]
 FORKED_RANK = Path(__file__).parent.parent / "rank" / "forked.py"  # torchrun --run-path runs it in each rank
 ZYGOTE_SOURCE = Path(__file__).with_name("zygote.py")
 RANK_START_ENV = "PERFSUITE_RANK_START"  # "exec": every rank a fresh interpreter
+FORK_AGENT_ENV = "PERFSUITE_FORK_AGENT"  # "0": no agent forked from a zygote (read as LaunchOptions are built)
 ZYGOTE_START_S = 300.0  # imports of torch, torchvision, torchtune on a loaded 2-core machine
 TITLE_ROOM = 8192  # bytes of command line a forked agent or rank may show in ps
 MAX_ZYGOTES = 2  # an A/B session's two sides; an older one is ended for a third

@@ -26,7 +26,7 @@ from typing import Any
 
 from perfsuite import extras
 from perfsuite.cells import Cell
-from perfsuite.launch import diagnose, multinode, starting, torchrun_options
+from perfsuite.launch import agent, diagnose, multinode, starting, torchrun_options
 from perfsuite.results import aggregate, skipped_result
 from perfsuite.system.atomic import atomic_write_json
 
@@ -58,7 +58,7 @@ class LaunchOptions:
     # zygote (never from this launcher), else a fresh interpreter; default: not
     # $PERFSUITE_FORK_AGENT=0, read once, as the options are built.
     rank_start: str | None = None
-    fork_agent: bool = field(default_factory=lambda: os.environ.get("PERFSUITE_FORK_AGENT", "1") != "0")
+    fork_agent: bool = field(default_factory=lambda: os.environ.get(agent.FORK_AGENT_ENV, "1") != "0")
 
 
 def gpus_present() -> int:
@@ -108,7 +108,7 @@ def torchrun_argv(cell: Cell, directory: Path, opts: LaunchOptions, profiler: st
     if torchrun_options.accepted(opts.python, opts.env).accepts(torchrun_options.LINE_PREFIX_TEMPLATE):
         argv.append(f"{torchrun_options.LINE_PREFIX_TEMPLATE}={diagnose.RANK_PREFIX}")
     if rank_start == "fork" and profiler != "nsys":
-        return argv + ["--start-method=fork", "--run-path", str(starting.agent.FORKED_RANK), *args]
+        return argv + ["--start-method=fork", "--run-path", str(agent.FORKED_RANK), *args]
     if profiler == "nsys":  # each rank under its own `nsys profile`, one report per rank
         from perfsuite.profiling import RANK_OUTPUT_PATTERN, nsys_profile_argv, resolve_nsys
 

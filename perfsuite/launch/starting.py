@@ -194,3 +194,17 @@ def info(starter: Starter, note: str | None) -> dict[str, Any]:
     by its file)."""
     return {"rank_start": starter.name, "rank_start_means": MEANS[starter.name],
             **({"rank_start_note": note} if note else {}), **({"ran_once": starter.ran_once} if starter.ran_once else {})}
+
+
+def start_here(pool: ZygotePool | None = None) -> str:
+    """Which rank start a plain one-node launch of this interpreter gets here
+    (``perfsuite doctor``'s), and what it means: exec where asked
+    ($PERFSUITE_RANK_START), off Linux, or where its zygote failed (after the
+    launch: ``pool``'s, by default this launcher's)."""
+    start, note = os.environ.get(agent.RANK_START_ENV) or "fork", None
+    if start == "fork" and not sys.platform.startswith("linux"):
+        start, note = "exec", "ranks fork on Linux only"
+    failed = (pool or agent.POOL).failed.get(ZygotePool.key(sys.executable, dict(os.environ)))
+    if start == "fork" and failed:
+        start, note = "exec", failed
+    return f"ranks start by {start}: {MEANS.get(start, start)}{f' ({note})' if note else ''}"
