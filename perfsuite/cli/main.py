@@ -14,6 +14,7 @@ from perfsuite.cli import history as cli_history
 from perfsuite.cli import results as cli_results
 from perfsuite.cli import run as cli_run
 from perfsuite.cli import selftest as cli_selftest
+from perfsuite.cli import shards as cli_shards
 from perfsuite.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, UsageProblem, emit_json
 
 
@@ -86,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workload", choices=cells_mod.WORKLOADS, help="cells of this workload (default: every one)")
     p.add_argument("--json", action="store_true", help="a JSON array of the cells: id and params")
     p.set_defaults(func=_cmd_list)
+    cli_shards.add_parser(sub)
 
     cli_run.add_parser(sub)
     cli_results.add_compare_parser(sub)

@@ -2,23 +2,26 @@
 experiment data and GitHub Actions' conventions: the full tier's shards, the
 concurrency groups, the runner labels, the fork guard and what it does not
 do, the history and the job summary; checked by GitHub's workflow schema,
-zizmor and (where installed) actionlint. tests/unit/test_install.py runs its
-Install and gate steps.
+zizmor and (where installed) actionlint. Its shell lives in .ci/ scripts,
+which tests/unit/test_ci_scripts.py runs with stubs; tests/unit/test_install.py
+runs its Install and gate steps.
 
 The full tier's cells carry timeouts of 10-12 h each (1144 h summed; ~78 h
 at the papers' speeds), far beyond one 72 h job. So the workflow runs it as a
 matrix of shards, one at a time, each a pytest session over its own cells
 (``--perf-tier full -k "[id] or ..."``) into one output directory on the
 runner with ``--perf-resume``: a cross-cell check's twin measured by an
-earlier shard is reused, not measured again. Hence the two rules checked
-here: a shard's cells' timeouts fit its job's limit, and every twin a cell's
-checks may ask for sits in the same or an earlier shard (else a shard would
-measure it on top of its own cells). ``python -m tests.unit.test_workflow``
-prints a plan that keeps both, for the matrix when the experiments change.
+earlier shard is reused, not measured again. The plan job computes the
+shards from the experiment data (``perfsuite shards --json``) and the full
+job takes them as its matrix. Hence the two rules checked here, on the plan
+the workflow gets: a shard's cells' timeouts fit its job's limit, and every
+twin a cell's checks may ask for sits in the same or an earlier shard (else
+a shard would measure it on top of its own cells).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -31,9 +34,17 @@ import pytest
 
 from perfsuite import cells
 from perfsuite.cells import Cell
+from perfsuite.cli import shards as cli_shards
+from perfsuite.cli.main import main as cli_main
 
-WORKFLOW = Path(__file__).resolve().parents[2] / ".github" / "workflows" / "perfsuite-gpu.yml"
+ROOT = Path(__file__).resolve().parents[2]
+WORKFLOW = ROOT / ".github" / "workflows" / "perfsuite-gpu.yml"
+SCRIPTS = ROOT / ".ci"
 SETUP_S = 3600  # checkout, venv, pre-flight probe, reports: kept out of the cells' budget
+
+
+def script(name: str) -> str:
+    return (SCRIPTS / name).read_text()
 
 
 @cache
@@ -87,17 +98,61 @@ def twins(cell: Cell) -> frozenset[str]:
     return frozenset((ids & set(tier())) - {cell.id})
 
 
-def shards() -> list[dict]:
-    return workflow()["jobs"]["full"]["strategy"]["matrix"]["include"]
+@cache
+def planned(hours: float = cli_shards.HOURS) -> tuple[dict, ...]:
+    """The shards the plan job hands to the full job (perfsuite shards)."""
+    return tuple(cli_shards.shards("full", hours))
+
+
+def shards() -> tuple[dict, ...]:
+    return planned()
+
+
+def steps_of(job: str) -> dict[str, dict]:
+    return {step.get("name", step.get("uses")): step for step in workflow()["jobs"][job]["steps"]}
 
 
 def test_full_tier_runs_as_shards_one_at_a_time():
     job = workflow()["jobs"]["full"]
     assert job["strategy"]["max-parallel"] == 1  # one measurement on the GPUs at a time
     assert job["strategy"]["fail-fast"] is False  # a failed shard leaves the others to run
-    steps = "\n".join(str(step.get("run", "")) for step in job["steps"])
-    assert "--perf-resume" in steps and "--perf-tier full" in steps
-    assert "SHARD_CELLS" in steps and "join(matrix.cells" in str(job["steps"])
+    shard = steps_of("full")["Full tier, shard ${{ matrix.shard }}"]
+    assert shard["run"] == "bash .ci/full-shard"
+    assert shard["env"]["SHARD_CELLS"] == "${{ join(matrix.cells, ' ') }}"
+    assert shard["env"]["SHARD_FINDINGS"] == "${{ matrix.findings }}"
+    assert "--perf-resume" in script("full-shard") and "--perf-tier full" in script("full-shard")
+
+
+def test_the_full_jobs_matrix_is_computed_by_the_plan_job():
+    """No shard is written out: the plan job, on the full tier's runners and
+    under the same condition, prints them, and the full job takes them."""
+    jobs = workflow()["jobs"]
+    plan, full = jobs["plan"], jobs["full"]
+    assert full["needs"] in ("plan", ["plan"])
+    assert full["strategy"]["matrix"] == {"include": "${{ fromJSON(needs.plan.outputs.shards) }}"}
+    assert plan["if"] == full["if"] and plan["runs-on"] == full["runs-on"]
+    assert plan["outputs"] == {"shards": "${{ steps.shards.outputs.shards }}"}
+    step = next(s for s in plan["steps"] if s.get("id") == "shards")
+    assert 'echo "shards=$("$VENV/bin/perfsuite" shards --json)" >> "$GITHUB_OUTPUT"' in step["run"]
+
+
+def test_the_plan_step_writes_the_plan_as_one_job_output(tmp_path):
+    """The plan job's step as written, with a venv whose perfsuite is this
+    checkout's: one line, shards=JSON, which fromJSON reads back as the plan."""
+    step = next(s for s in workflow()["jobs"]["plan"]["steps"] if s.get("id") == "shards")
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "perfsuite").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m perfsuite.cli.main "$@"\n')
+    (venv / "bin" / "perfsuite").chmod(0o755)
+    output = tmp_path / "github_output"
+    done = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", step["run"]], cwd=ROOT,
+                          env={**os.environ, "VENV": str(venv), "GITHUB_OUTPUT": str(output)},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("shard 01: ")  # the plan, readable, in the job's log
+    (line,) = output.read_text().splitlines()
+    name, value = line.split("=", 1)
+    assert name == "shards" and json.loads(value) == list(shards())
 
 
 def test_shards_cover_the_full_tier_exactly_once():
@@ -105,14 +160,15 @@ def test_shards_cover_the_full_tier_exactly_once():
     missing, extra = set(tier()) - set(listed), set(listed) - set(tier())
     twice = {c for c in listed if listed.count(c) > 1}
     assert not (missing or extra or twice), (
-        f"full-tier shards out of date: missing {sorted(missing)}, not in the tier "
-        f"{sorted(extra)}, listed twice {sorted(twice)}; `python -m tests.unit.test_workflow` "
-        "prints a plan")
+        f"full-tier shards: missing {sorted(missing)}, not in the tier {sorted(extra)}, "
+        f"listed twice {sorted(twice)}")
+    assert [shard["shard"] for shard in shards()] == [f"{k:02d}" for k in range(1, len(shards()) + 1)]
 
 
 def test_every_shard_fits_its_job_limit():
     limit_s = int(workflow()["jobs"]["full"]["timeout-minutes"]) * 60
     assert limit_s <= 72 * 3600  # the runner's job limit
+    assert cli_shards.HOURS * 3600 + SETUP_S <= limit_s  # the plan's budget leaves the setup its hour
     for shard in shards():
         summed = sum(tier()[c].timeout_s for c in shard["cells"] if c in tier())
         assert summed + SETUP_S <= limit_s, (
@@ -120,16 +176,39 @@ def test_every_shard_fits_its_job_limit():
             f"+ {SETUP_S / 3600:.0f} h setup > the job's {limit_s / 3600:.0f} h")
 
 
-def test_twins_are_measured_in_the_same_or_an_earlier_shard():
-    where = {c: k for k, shard in enumerate(shards()) for c in shard["cells"]}
+@pytest.mark.parametrize("hours", [cli_shards.HOURS, 30, 12])
+def test_twins_are_measured_in_the_same_or_an_earlier_shard(hours):
+    plan = planned(hours)
+    where = {c: k for k, shard in enumerate(plan) for c in shard["cells"]}
+    assert sorted(where) == sorted(tier())
     late = [(c, t) for c in tier() for t in twins(tier()[c])
             if c in where and t in where and where[t] > where[c]]
     assert not late, f"twin after its cell (would be measured twice): {late[:5]}"
+    assert all(sum(tier()[c].timeout_s for c in shard["cells"]) <= hours * 3600 for shard in plan)
 
 
 def test_findings_run_last_over_the_measured_cells():
-    flagged = [k for k, shard in enumerate(shards()) if shard.get("findings")]
+    flagged = [k for k, shard in enumerate(shards()) if shard["findings"]]
     assert flagged == [len(shards()) - 1]
+    assert all(shard["findings"] is (k == len(shards()) - 1) for k, shard in enumerate(shards()))
+
+
+def test_the_shards_command_says_the_plan_and_refuses_a_budget_no_cell_fits(capsys):
+    assert cli_main(["shards"]) == 0
+    text = capsys.readouterr().out.splitlines()
+    heads = [line for line in text if line.startswith("shard ")]
+    assert len(heads) == len(shards()) and heads[-1].endswith(", then the findings")
+    first = shards()[0]
+    summed = sum(tier()[c].timeout_s for c in first["cells"]) / 3600
+    assert heads[0] == f"shard 01: {len(first['cells'])} cell(s), timeouts {round(summed, 1):g} h"
+    assert [line.strip() for line in text if line.startswith("  ")] == [c for s in shards() for c in s["cells"]]
+    assert cli_main(["shards", "--json"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and json.loads(out) == list(shards())  # one line: a job output
+    assert cli_main(["shards", "--hours", "5"]) == 2
+    err = capsys.readouterr().err
+    assert "timeout, 10 h, exceeds a shard's 5 h" in err and "--hours" in err
+    assert cli_main(["shards", "--hours", "0"]) == 2
 
 
 # ---------------------------------------------------------- concurrency, guard
@@ -227,12 +306,8 @@ def test_actions_are_pinned_and_leave_no_token_in_the_checkout():
 
 
 # -------------------------------------------- history, summary, disk of the runner
-def steps_of(job: str) -> dict[str, dict]:
-    return {step.get("name", step.get("uses")): step for step in workflow()["jobs"][job]["steps"]}
-
-
 def test_main_keeps_its_history_on_the_runner_and_pull_requests_add_none():
-    install = steps_of("gate")["Install"]["run"]
+    install = script("runner-venv")
     assert 'cache="$HOME/.cache/perfsuite"' in install  # the venv, the cache, the history: off the workspace
     assert 'HISTORY_URL=$cache/history.sqlite' in install and 'PERFSUITE_CACHE_DIR=$cache' in install
     gate = steps_of("gate")["Gate tier"]["run"]
@@ -241,9 +316,10 @@ def test_main_keeps_its_history_on_the_runner_and_pull_requests_add_none():
     assert '--perf-runner-baselines "$HOME/.cache/perfsuite/baselines"' in gate
     assert re.search(r'^record=\(\)$', gate, re.M) and 'record=(--perf-record-new); fi' in gate
     assert gate.rstrip().endswith('--perf-history "$history"')
-    shard = steps_of("full")["Full tier, shard ${{ matrix.shard }}"]["run"]
+    shard = script("full-shard")
     assert shard.rstrip().endswith('--perf-history "$history"')  # only the last shard adds the run
-    assert shard.index('history="$HISTORY_URL"') > shard.index('if [ "$SHARD_FINDINGS" = "true" ]')
+    assert re.search(r'^history=off$', shard, re.M)
+    assert shard.index('history="$HISTORY_URL"') > shard.index('if [ "${SHARD_FINDINGS:-false}" = true ]')
     for name, job in workflow()["jobs"].items():
         assert not any("actions/cache" in str(step.get("uses", "")) for step in job["steps"]), name
 
@@ -256,10 +332,14 @@ def test_history_changes_run_after_main_runs_and_the_verdicts_reach_the_job_summ
     measured = next(n for n in names if n.startswith(("Gate tier", "Full tier")))
     assert names.index(measured) < names.index("Reports") < names.index("History")
     assert "env.RECORD_HISTORY == 'true'" in history["if"] and "!cancelled()" in history["if"]
-    assert 'perfsuite" history changes --history "$HISTORY_URL"' in history["run"]
-    assert '"$GITHUB_STEP_SUMMARY"' in history["run"] and 'exit "$status"' in history["run"]
+    assert history["run"] == f"bash .ci/history-changes {job}"
+    assert history["env"] == {"PERFSUITE_HISTORY_SINCE": "${{ vars.PERFSUITE_HISTORY_SINCE }}"}
+    changes = script("history-changes")
+    assert 'perfsuite" history changes --history "$HISTORY_URL"' in changes
+    assert '"$GITHUB_STEP_SUMMARY"' in changes and changes.rstrip().endswith('exit "$status"')
     assert reports["if"] == "always()"
     assert 'perfsuite" report "$RUN_DIR" --summary-md "$GITHUB_STEP_SUMMARY"' in reports["run"]
+    assert reports["run"].startswith('if [ -f "$RUN_DIR/results.json" ]; then ')  # a session that wrote none
     if job == "full":
         assert "matrix.findings" in history["if"]  # once, after the last shard added the run
 
@@ -270,8 +350,9 @@ def test_the_torch_a_job_installs_is_a_repository_variables_choice():
     for name, job in workflow()["jobs"].items():
         install = {step.get("name"): step for step in job["steps"]}["Install"]
         assert install["env"] == {"PERFSUITE_TORCH_INDEX": "${{ vars.PERFSUITE_TORCH_INDEX }}"}, name
-        assert 'if [ "$PERFSUITE_TORCH_INDEX" = runner ]; then' in install["run"], name
-        assert '>> "$GITHUB_STEP_SUMMARY"' in install["run"], name  # which torch it used
+        assert install["run"] == "bash .ci/runner-venv llm", name
+    assert 'if [ "${PERFSUITE_TORCH_INDEX:-}" = runner ]; then' in script("runner-venv")
+    assert '>> "$GITHUB_STEP_SUMMARY"' in script("runner-venv")  # which torch it used
     top = WORKFLOW.read_text().split("\nname:", 1)[0]
     assert "PERFSUITE_TORCH_INDEX" in top and "or runner:" in top  # the variable, documented
 
@@ -298,15 +379,19 @@ def test_zizmor_finds_nothing_in_the_workflow():
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_the_install_step_passes_shellcheck():
+def test_every_run_step_passes_shellcheck():
     """actionlint runs shellcheck over every step; where actionlint is not
-    installed, shellcheck alone checks the Install step, the one with most shell."""
+    installed, shellcheck alone checks each step's `run:` (the .ci/ scripts:
+    tests/unit/test_ci_scripts.py)."""
     shellcheck = shutil.which("shellcheck")
     if shellcheck is None:
         pytest.skip("shellcheck not installed (apt-get install shellcheck)")
-    done = subprocess.run([shellcheck, "--shell=bash", "-"], input=steps_of("gate")["Install"]["run"],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stdout + done.stderr
+    for name, job in workflow()["jobs"].items():
+        for step in job["steps"]:
+            if "run" in step:
+                done = subprocess.run([shellcheck, "--shell=bash", "-"], input=step["run"],
+                                      capture_output=True, text=True, timeout=120)
+                assert done.returncode == 0, (name, step.get("name"), done.stdout + done.stderr)
 
 
 def test_actionlint():
@@ -320,63 +405,9 @@ def test_actionlint():
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-# ------------------------------------------------------------------- planning
-def plan(budget_s: int) -> list[list[str]]:
-    """Shards in order: each twin-connected group's cells twins first, groups
-    one after another (image, then LLM; largest first), cut when the next cell
-    would exceed the budget."""
-    ids = list(tier())
-    edges = {c: twins(tier()[c]) for c in ids}
-    group = {c: c for c in ids}
-
-    def root(c: str) -> str:
-        while group[c] != c:
-            c = group[c]
-        return c
-
-    for c, found in edges.items():
-        for t in found:
-            group[root(c)] = root(t)
-    members: dict[str, list[str]] = {}
-    for c in ids:
-        members.setdefault(root(c), []).append(c)
-
-    def cost(group_ids):
-        return sum(tier()[c].timeout_s for c in group_ids)
-
-    ordered: list[str] = []
-    for group_ids in sorted(members.values(), key=lambda g: (tier()[g[0]].workload, -cost(g))):
-        def visit(c: str) -> None:
-            if c not in ordered:
-                for t in sorted(edges[c], key=ids.index):
-                    visit(t)
-                ordered.append(c)
-
-        for c in group_ids:
-            visit(c)
-    out: list[list[str]] = [[]]
-    for c in ordered:
-        if out[-1] and cost(out[-1] + [c]) > budget_s:
-            out.append([])
-        out[-1].append(c)
-    return out
-
-
-def test_the_plan_keeps_both_rules():
-    planned = plan(72 * 3600 - SETUP_S)
-    where = {c: k for k, shard in enumerate(planned) for c in shard}
-    assert sorted(where) == sorted(tier())
-    assert all(where[t] <= where[c] for c in tier() for t in twins(tier()[c]))
-
-
-if __name__ == "__main__":
-    for k, shard in enumerate(plan(72 * 3600 - SETUP_S), 1):
-        print(f'          - shard: "{k:02d}"')
-        print("            cells:")
-        print("\n".join(f"              - {c}" for c in shard))
-
-
 def test_the_pull_request_ab_judges_the_one_gpu_image_cells_at_2_percent():
     step = steps_of("ab")["Gate cells on one GPU, base against head"]["run"]
-    assert "--tolerance 0.02" in step and "--gpus 0" in step
-    assert "grep '^gate/image/.*/g1/'" in step and 'if [ "$status" -eq 3 ]' in step  # undecided warns
+    assert step == 'bash .ci/ab-gate-cells "$BASE_SHA" "$AB_DIR"'
+    ab = script("ab-gate-cells")
+    assert "--tolerance 0.02" in ab and "--gpus 0" in ab
+    assert "grep '^gate/image/.*/g1/'" in ab and 'if [ "$status" -eq 3 ]' in ab  # undecided warns
