@@ -62,7 +62,7 @@ VARIABLES: tuple[Variable, ...] = (
           "Llama3-8B checkpoint. `--option cache_dir=DIR` wins over it.",
           "$XDG_CACHE_HOME/perfsuite, else ~/.cache/perfsuite",
           "perfsuite/context.py", "perfsuite/runner.py", "perfsuite/doctor/checks.py",
-          set_by=(".ci/gpu-acceptance", WORKFLOW_FILE)),
+          set_by=(".ci/gpu-acceptance", ".ci/runner-venv")),
     _user("PERFSUITE_CACHE",
           "The short form of PERFSUITE_CACHE_DIR, read where that is unset.",
           "unset",
@@ -110,7 +110,7 @@ VARIABLES: tuple[Variable, ...] = (
           "`runner` (keep the torch of PERFSUITE_PYTHON). Also a repository variable of the example "
           "workflow, handed to the install.",
           "auto",
-          ".ci/install", WORKFLOW_FILE),
+          ".ci/install", ".ci/runner-venv", WORKFLOW_FILE),
     _user("PERFSUITE_INSTALLER",
           "What `.ci/install` installs with: `uv` or `pip`.",
           "uv (pip with PERFSUITE_TORCH_INDEX=runner)",
@@ -119,7 +119,7 @@ VARIABLES: tuple[Variable, ...] = (
           "The interpreter whose torch PERFSUITE_TORCH_INDEX=runner keeps (a venv is made from it), and "
           "the one `.ci/gpu-acceptance` runs.",
           "python3",
-          ".ci/install", ".ci/gpu-acceptance", WORKFLOW_FILE),
+          ".ci/install", ".ci/gpu-acceptance", ".ci/runner-venv"),
     _user("PERFSUITE_ACCEPTANCE_DIR",
           "Where `.ci/gpu-acceptance` puts everything it measures.",
           "/tmp/perfsuite-acceptance",
@@ -134,12 +134,12 @@ VARIABLES: tuple[Variable, ...] = (
           "A repository variable of the example workflow: the runner's folder holding the four MNIST IDX "
           "files the full tier reads (nothing is downloaded).",
           "/data/mnist",
-          WORKFLOW_FILE),
+          WORKFLOW_FILE, ".ci/full-shard"),
     _user("PERFSUITE_HISTORY_SINCE",
           "A repository variable of the example workflow: a commit after a regression that was accepted; "
           "`history changes --since` starts main's series there.",
           "none: the whole history",
-          WORKFLOW_FILE),
+          WORKFLOW_FILE, ".ci/history-changes"),
     # -- set by perfsuite for the processes it starts
     _internal("PERFSUITE_RUN_TOKEN",
               "One launch's token: each rank writes it into its record, so the launcher takes only its own "

@@ -411,3 +411,8 @@ def test_the_pull_request_ab_judges_the_one_gpu_image_cells_at_2_percent():
     ab = script("ab-gate-cells")
     assert "--tolerance 0.02" in ab and "--gpus 0" in ab
     assert "grep '^gate/image/.*/g1/'" in ab and 'if [ "$status" -eq 3 ]' in ab  # undecided warns
+
+
+def test_a_full_shard_that_failed_before_its_run_folder_uploads_nothing():
+    upload = steps_of("full")["Upload results"]
+    assert "env.RUN_DIR != ''" in upload["if"]  # else the path would be "/"
