@@ -171,7 +171,7 @@ def check_gpus(torch: dict[str, Any], nvml: dict[str, Any], tier: str | None,
         status = WARN
         most = max(c.gpus_needed for c in needed)
         message += (f"; {len(needed)} cell(s){f' of the {tier} tier' if tier else ''} need more "
-                    f"(up to {most}) and will be skipped")
+                    f"(up to {most}): not run here, and listed as such (no failure)")
         fix = fix or f"run on a machine with {most} GPUs to measure them"
     return Check("gpus", status, message, fix)
 
@@ -273,20 +273,11 @@ def check_shm(tier: str | None, cells: list | None = None, gpus: int = 0) -> Che
                                          "or remount /dev/shm larger")
 
 
-def _cache_dir() -> Path:
-    from perfsuite import context
-
-    default = getattr(context, "default_cache_dir", None)
-    if default is not None:
-        return default()
-    chosen = os.environ.get("PERFSUITE_CACHE_DIR")
-    return Path(chosen).expanduser() if chosen else Path.cwd() / ".perfsuite" / "cache"
-
-
 def check_disk(tier: str | None, cells: list) -> Check:
+    from perfsuite.context import default_cache_dir
     from perfsuite.runner import CACHE_FIX, cache_problem
 
-    cache, unusable = _cache_dir(), cache_problem()
+    cache, unusable = default_cache_dir(), cache_problem()
     if unusable:  # perfsuite run and pytest refuse to begin: not a matter of free space
         return Check("disk", BLOCKER, unusable, CACHE_FIX)
     llm_gpu = sum(c.workload == "llm" and c.device == "cuda" for c in cells)

@@ -95,10 +95,10 @@ VARIABLES: tuple[Variable, ...] = (
           "fork",
           "perfsuite/launch/starting.py"),
     _user("PERFSUITE_FORK_AGENT",
-          "`0`: torchrun's agent is never forked from the launching process (or a zygote) but started "
+          "`0`: torchrun's agent is never forked from a zygote (the launcher never forks) but started "
           "as a fresh interpreter.",
-          "forked where it can be (Linux, one node, no srun)",
-          "perfsuite/launch/agent.py"),
+          "forked from a zygote where there is one (Linux, one node, no srun)",
+          "perfsuite/launch/launch.py"),
     _user("PERFSUITE_RDZV_PORT",
           "The port of the c10d rendezvous a `--slurm` launch sets up on its head node.",
           "a free port found at launch",

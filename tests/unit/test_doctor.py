@@ -211,7 +211,7 @@ def test_torch_and_nvml_counts_that_differ_warn(machine, monkeypatch):
     assert check.status == doctor.WARN
     assert "torch sees 2 GPU(s)" in check.message and "NVML sees 4" in check.message
     assert "CUDA_VISIBLE_DEVICES='0,1' hides some" in check.message
-    assert "need more (up to 4) and will be skipped" in check.message
+    assert "need more (up to 4): not run here, and listed as such (no failure)" in check.message
 
 
 def test_hidden_gpus_are_named_as_the_reason(machine, monkeypatch):
