@@ -150,9 +150,9 @@ def add_launch_options(add: Callable[..., Any], prefix: str = "--") -> dict[str,
                 "(default: $PERFSUITE_RANK_START, else fork)")
     return added
 
-# perfsuite ab's resident windows (perfsuite.gate.resident). On the 2-core VM a
+# perfsuite ab's resident windows (perfsuite.ab.resident). On the 2-core VM a
 # smoke step takes ~50 ms: a quad of 5-step windows ~1.2 s, a launch pair ~30 s.
-# What slows side B in the A/B detection benchmark (perfsuite.gate.detection)
+# What slows side B in the A/B detection benchmark (perfsuite.selftest.detection)
 AB_FAULT_KINDS = ("slow", "gpu-sleep")
 AB_MODES = ("auto", "resident", "launches")  # auto: resident where the cell allows it
 DEFAULT_WINDOW_STEPS, DEFAULT_QUADS, DEFAULT_MAX_PAIRS = 5, 16, 4

@@ -117,7 +117,7 @@ def _ab_cells(targets: list[str]) -> list[cells_mod.Cell]:
 
 def _ab_side(args: argparse.Namespace, name: str, out: Path):
     """Side A or B from its --X-python or --X-ref, and its --X-env."""
-    from perfsuite.gate import ab
+    from perfsuite.ab import session as ab
 
     flag = name.lower()
     python, ref = getattr(args, f"{flag}_python"), getattr(args, f"{flag}_ref")
@@ -139,7 +139,7 @@ def _ab_side(args: argparse.Namespace, name: str, out: Path):
 def _launching(args: argparse.Namespace, chosen: list[cells_mod.Cell]):
     """The LaunchOptions of the launching group, as `perfsuite run` builds
     them; GPU cells where torch sees no GPU refused unless --allow-no-gpu."""
-    from perfsuite.gate import ab
+    from perfsuite.ab import session as ab
     from perfsuite.runner import launch_options
 
     try:
@@ -175,7 +175,7 @@ def cmd_ab(args: argparse.Namespace) -> int:
     import os
     import time
 
-    from perfsuite.gate import ab
+    from perfsuite.ab import session as ab
     from perfsuite.runner import handle_sigterm
     from perfsuite.system.locking import FolderLock
 
@@ -216,7 +216,7 @@ def _ab_session(args: argparse.Namespace, ab: Any, out: Path, lock: Any, handle_
         handle_sigterm()
         refs = {f"--{f}-ref": getattr(args, f"{f}_ref") for f in "ab" if getattr(args, f"{f}_ref")}
         if refs:  # every ref looked up before any worktree is made
-            from perfsuite.gate.sides import check_refs
+            from perfsuite.ab.sides import check_refs
 
             check_refs(args.repo.resolve(), refs)
         for name in "ab":  # a side's fault read before any side is set up
@@ -248,7 +248,8 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     import os
     import time
 
-    from perfsuite.gate import ab, bisect
+    from perfsuite.ab import bisect
+    from perfsuite.ab import session as ab
     from perfsuite.runner import handle_sigterm
 
     cell = cells_mod.get(args.cell)  # an unknown id: CellError, exit 2

@@ -143,7 +143,7 @@ def add_old_command(sub: argparse._SubParsersAction, old: str, new: str) -> None
 
 
 def cmd_verdict_detection(args: argparse.Namespace) -> int:
-    from perfsuite.gate.detection import measure_ab_detection, measure_counter_detection, measure_detection
+    from perfsuite.selftest.detection import measure_ab_detection, measure_counter_detection, measure_detection
 
     if args.ab:
         try:
@@ -237,7 +237,7 @@ def cmd_history_detection(args: argparse.Namespace) -> int:
 
 
 def cmd_launch_cost(args: argparse.Namespace) -> int:
-    from perfsuite.gate.launchcost import measure_launch_cost
+    from perfsuite.selftest.launchcost import measure_launch_cost
 
     try:
         out = measure_launch_cost(args.cell, launches=args.launches,
@@ -257,7 +257,7 @@ def cmd_launch_cost(args: argparse.Namespace) -> int:
 
 
 def cmd_overhead(args: argparse.Namespace) -> int:
-    from perfsuite.gate.overhead import measure_overhead
+    from perfsuite.selftest.overhead import measure_overhead
 
     out = measure_overhead(device=args.device, image_size=args.image_size,
                            batch_size=args.batch_size, steps=args.steps, blocks=args.blocks)

@@ -1,7 +1,7 @@
 """Statistics over interleaved windows: a verdict of B against A from windows
 measured seconds apart, in launches kept up side by side.
 
-A resident A/B session (perfsuite.gate.resident) measures windows of a few
+A resident A/B session (perfsuite.ab.resident) measures windows of a few
 steps in the order A B B A, A B B A, ...: each group of four is a *quad*.
 Its log-ratio ``d = (log B1 + log B2 - log A1 - log A2) / 2`` (each window
 its median step) cancels drift that is linear over the quad's few seconds,

@@ -1,7 +1,7 @@
 """Measured windows on a coordinator's word: a rank's side of a resident A/B session.
 
 ``perfsuite ab`` can keep one launch of each side up and alternate short
-measured windows between them (perfsuite.gate.resident). A launch started
+measured windows between them (perfsuite.ab.resident). A launch started
 that way has ``PERFSUITE_WINDOWS`` (the coordinator's Unix socket) in its
 environment; each rank connects at its start, says it is ready once
 warmed up (the first time it parks), then waits for a window:
@@ -13,7 +13,7 @@ alone. An empty window ends the windows; the workload then goes on as after
 its last step (work counters, accuracy), and its samples are the windows'
 step times.
 
-Two sides' caches may not fit on one GPU together (perfsuite.gate.resident's
+Two sides' caches may not fit on one GPU together (perfsuite.ab.resident's
 memory plan): with ``PERFSUITE_WINDOWS_RELEASE=1`` a CUDA rank empties its
 cache (``torch.cuda.empty_cache``) every time it parks, before it says it is
 ready or sends a window's times, so the other side's window finds the

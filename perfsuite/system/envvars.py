@@ -190,18 +190,18 @@ VARIABLES: tuple[Variable, ...] = (
               "The Unix socket of a resident A/B session's coordinator: a rank that has it measures windows "
               "when told to.",
               "an ordinary launch",
-              ("perfsuite/gate/resident.py",),
+              ("perfsuite/ab/resident.py",),
               "perfsuite/rank/windows.py"),
     _internal("PERFSUITE_WINDOWS_SIDE",
               "Which side of the resident A/B session a rank belongs to: `A` or `B`.",
               "side `?`",
-              ("perfsuite/gate/resident.py",),
+              ("perfsuite/ab/resident.py",),
               "perfsuite/rank/windows.py"),
     _internal("PERFSUITE_WINDOWS_RELEASE",
               "`1`: a CUDA rank empties its cache whenever it is parked, so that the other side's window "
               "finds the memory free.",
               "the cache is kept",
-              ("perfsuite/gate/resident.py",),
+              ("perfsuite/ab/resident.py",),
               "perfsuite/rank/windows.py"),
     _internal("PERFSUITE_NVML_CHECK_SET",
               "`1` where perfsuite set PYTORCH_NVML_BASED_CUDA_CHECK for torchrun's agent; a forked rank "

@@ -362,9 +362,9 @@ def test_old_names_still_work_and_say_once_which_name_replaces_them(tmp_path, ca
 
 
 def test_the_self_tests_live_under_selftest_and_print_json_alone(capsys, monkeypatch):
-    import perfsuite.gate.overhead
+    import perfsuite.selftest.overhead
 
-    monkeypatch.setattr(perfsuite.gate.overhead, "measure_overhead",
+    monkeypatch.setattr(perfsuite.selftest.overhead, "measure_overhead",
                         lambda **kw: {"ratio": 1.004, "overhead_percent": 0.4, **kw})
     assert main(["selftest", "overhead", "--blocks", "2", "--json"]) == 0
     captured = capsys.readouterr()
@@ -492,7 +492,8 @@ def test_ab_with_a_missing_ref_names_it_and_a_retry_into_the_same_out_works(tmp_
     import shutil
     from types import SimpleNamespace
 
-    from perfsuite.gate import ab, sides
+    from perfsuite.ab import session as ab
+    from perfsuite.ab import sides
 
     git = _git_repo(tmp_path / "repo")
     out = tmp_path / "out"

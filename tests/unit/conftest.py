@@ -46,5 +46,5 @@ def no_baselines(tmp_path):
 def fake(monkeypatch):
     launches = FakeLaunches()
     monkeypatch.setattr("perfsuite.launch.launch.run_cell", launches)
-    monkeypatch.setattr("perfsuite.gate.detection.run_cell", launches)
+    monkeypatch.setattr("perfsuite.selftest.detection.run_cell", launches)
     return launches

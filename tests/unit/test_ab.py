@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from perfsuite import cells, options
+from perfsuite.ab import session as ab
 from perfsuite.cli import ab as cli_ab
 from perfsuite.cli import main as cli
-from perfsuite.gate import ab
 from perfsuite.judge import launchstats
 from perfsuite.launch.launch import LaunchOptions
 from perfsuite.report.ab import ab_section_html
@@ -72,7 +72,7 @@ class FakeLaunches:
 
 def fake_launches(monkeypatch, **kwargs):
     launches = FakeLaunches(**kwargs)
-    monkeypatch.setattr("perfsuite.gate.ab.run_cell", launches)
+    monkeypatch.setattr("perfsuite.ab.session.run_cell", launches)
     return launches
 
 
@@ -182,7 +182,7 @@ def test_other_checks_compare_a_with_b_and_a_regression_there_fails(tmp_path, mo
 
 def test_terminal_shows_launches_rounds_and_the_summary(tmp_path, monkeypatch, capsys):
     fake_launches(monkeypatch)
-    monkeypatch.setattr("perfsuite.gate.ab.check_interpreter", lambda side: None)
+    monkeypatch.setattr("perfsuite.ab.session.check_interpreter", lambda side: None)
     code = cli.main(["ab", SMOKE_CELL, "--b-env", "FAKE_SLOW=0.1", "--max-launches", "4",
                      "--out", str(tmp_path), "--mode", "launches"])
     out = capsys.readouterr().out
@@ -312,7 +312,7 @@ def test_a_real_cell_measured_on_both_sides_in_abba_order(tmp_path):
 def test_the_detection_benchmark_judges_ab_on_itself(tmp_path, monkeypatch):
     """`perfsuite detection --ab`: per trial an A/B session per condition,
     side B slowed by the injected fault (stood in for by the fake)."""
-    from perfsuite.gate import detection
+    from perfsuite.selftest import detection
 
     fake_launches(monkeypatch)
     out = detection.measure_ab_detection(trials=2, work_dir=tmp_path, mode="launches", tolerance=0.05,
@@ -329,7 +329,7 @@ def test_the_detection_benchmark_judges_ab_on_itself(tmp_path, monkeypatch):
 def test_the_detection_benchmark_takes_its_slowdowns_and_window_settings(tmp_path, monkeypatch):
     """`selftest verdict-detection --ab --slowdowns 0.02 --quads 8`: the
     conditions are unchanged and 2 %, and every session gets the settings."""
-    from perfsuite.gate import detection
+    from perfsuite.selftest import detection
 
     fake_launches(monkeypatch)
     out = detection.measure_ab_detection(trials=1, work_dir=tmp_path, mode="launches", tolerance=0.01,
@@ -349,7 +349,7 @@ def test_ab_launches_with_every_launching_option_of_run(tmp_path, monkeypatch):
     """Data dir, workload options, timeout, GPUs, nodes and profiler reach every
     launch of both sides, under each side's own interpreter and environment."""
     fake = fake_launches(monkeypatch)
-    monkeypatch.setattr("perfsuite.gate.ab.check_interpreter", lambda side: None)
+    monkeypatch.setattr("perfsuite.ab.session.check_interpreter", lambda side: None)
     data = tmp_path / "mnist"
     data.mkdir()
     code = cli.main(["ab", SMOKE_CELL, "--max-launches", "4", "--out", str(tmp_path / "out"), "--mode", "launches",
@@ -384,7 +384,7 @@ def test_ab_refuses_gpu_cells_where_torch_sees_no_gpu_unless_allowed(tmp_path, c
 
 def test_ab_json_prints_the_verdicts_on_stdout_and_the_rest_on_stderr(tmp_path, monkeypatch, capsys):
     fake_launches(monkeypatch, launch_sigma=0.02)
-    monkeypatch.setattr("perfsuite.gate.ab.check_interpreter", lambda side: None)
+    monkeypatch.setattr("perfsuite.ab.session.check_interpreter", lambda side: None)
     code = cli.main(["ab", SMOKE_CELL, "--b-env", "FAKE_SLOW=0.1", "--out", str(tmp_path), "--json",
                      "--mode", "launches"])
     captured = capsys.readouterr()
@@ -397,7 +397,7 @@ def test_ab_json_prints_the_verdicts_on_stdout_and_the_rest_on_stderr(tmp_path, 
     assert "round 2:" in captured.err and f"{SMOKE_CELL}  REGRESSED" in captured.err
 
 
-# -- resident windows (perfsuite.gate.resident), real launches --------------------------
+# -- resident windows (perfsuite.ab.resident), real launches --------------------------
 
 @pytest.mark.slow
 def test_resident_ab_alternates_windows_between_live_launches_and_sees_a_slowdown(tmp_path):
@@ -440,7 +440,7 @@ def test_a_resident_session_takes_the_launch_order_out_of_its_interval(tmp_path,
     VM, where nearly every session showed ~1 %): two pairs cannot tell that from
     a launch effect, three are judged as two were, and from four (two each
     way) the order is a term of the model: same, with the effect in ab.json."""
-    from perfsuite.gate.resident import PairRun
+    from perfsuite.ab.resident import PairRun
 
     rng = np.random.default_rng(3)
 
@@ -456,7 +456,7 @@ def test_a_resident_session_takes_the_launch_order_out_of_its_interval(tmp_path,
               "metrics": {"step_time": {"value": 0.1, "unit": "s", "samples": [0.1] * 5}}}
         return PairRun({side: {**ok, "dir": str(dirs[side])} for side in "AB"}, windows, 0.5)
 
-    monkeypatch.setattr("perfsuite.gate.ab.run_pair", fake_pair)
+    monkeypatch.setattr("perfsuite.ab.session.run_pair", fake_pair)
     code = session(tmp_path, mode="resident", tolerance=0.01).run()
     record = saved(tmp_path)["cells"][0]
     assert [p["first"] for p in record["pairs"]] == ["A", "B", "A", "B"]
@@ -470,7 +470,7 @@ def test_a_resident_session_takes_the_launch_order_out_of_its_interval(tmp_path,
 
 
 def test_resident_mode_refused_by_a_cell_is_an_error_without_launching(tmp_path, monkeypatch):
-    monkeypatch.setattr("perfsuite.gate.resident.run_cell", lambda *a, **kw: pytest.fail("launched"))
+    monkeypatch.setattr("perfsuite.ab.resident.run_cell", lambda *a, **kw: pytest.fail("launched"))
     llm = cells.select(tier="smoke", workload="llm")[0]
     code = session(tmp_path, cells=[llm], mode="resident").run()
     record = saved(tmp_path)["cells"][0]
@@ -500,7 +500,7 @@ def test_ab_refuses_a_folder_holding_another_kind_of_session(tmp_path, capsys, l
 
 def test_a_sides_workload_option_reaches_its_launches_only(tmp_path, monkeypatch):
     fake = fake_launches(monkeypatch, launch_sigma=0.02)
-    monkeypatch.setattr("perfsuite.gate.ab.check_interpreter", lambda side: None)
+    monkeypatch.setattr("perfsuite.ab.session.check_interpreter", lambda side: None)
     code = cli.main(["ab", SMOKE_CELL, "--b-option", "fault=slow:*:0:0.1", "--out", str(tmp_path),
                      "--mode", "launches"])
     assert code == ab.EXIT_REGRESSED and saved(tmp_path)["cells"][0]["verdict"] == "regressed"
@@ -516,7 +516,7 @@ def test_a_sides_workload_option_reaches_its_launches_only(tmp_path, monkeypatch
 ])
 def test_a_fault_a_side_cannot_run_is_refused_before_anything_launches(tmp_path, capsys, monkeypatch,
                                                                         argv, message):
-    monkeypatch.setattr("perfsuite.gate.ab.run_cell", lambda *a, **kw: pytest.fail("launched"))
+    monkeypatch.setattr("perfsuite.ab.session.run_cell", lambda *a, **kw: pytest.fail("launched"))
     code = cli.main(["ab", SMOKE_CELL, "--out", str(tmp_path), *argv])
     err = capsys.readouterr().err
     assert code == 2 and message in err and "Traceback" not in err, err
@@ -527,7 +527,7 @@ def test_the_detection_benchmark_slows_side_b_on_its_gpu_where_asked(tmp_path, m
     """`measure_ab_detection(fault_kind="gpu-sleep")`: side B's steps slowed
     by device time (the gpu-sleep fault, sized after the warm-up); a CPU cell
     refuses it."""
-    from perfsuite.gate import detection
+    from perfsuite.selftest import detection
 
     with pytest.raises(ValueError, match="needs a CUDA cell"):
         detection.measure_ab_detection(trials=1, work_dir=tmp_path / "cpu", mode="launches",

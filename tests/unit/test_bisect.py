@@ -18,8 +18,8 @@ import pytest
 
 import perfsuite
 from perfsuite import options
+from perfsuite.ab import bisect
 from perfsuite.cli import main as cli
-from perfsuite.gate import bisect
 from perfsuite.launch.launch import LaunchOptions
 from tests.unit.cellkit import tiny_image_cell
 
@@ -138,7 +138,7 @@ def untouched(repo, head):
 @pytest.mark.slow
 def test_counters_name_the_commit_with_one_more_allreduce_a_step(tmp_path, monkeypatch, capsys):
     fake = FakeCounterLaunch()
-    monkeypatch.setattr("perfsuite.gate.bisect.run_cell", fake)
+    monkeypatch.setattr("perfsuite.ab.bisect.run_cell", fake)
     files = [{}] * 11 + [{"allreduce.txt": "5"}] * 5  # commit 11 adds one
     repo, commits = probe_repo(tmp_path, files)
     head = _git(repo, "rev-parse", "HEAD")
@@ -167,7 +167,7 @@ def test_counters_name_the_commit_with_one_more_allreduce_a_step(tmp_path, monke
 @pytest.mark.slow
 def test_ab_names_the_slower_commit_with_its_ratio(tmp_path, monkeypatch):
     fake = FakeABLaunch()
-    monkeypatch.setattr("perfsuite.gate.ab.run_cell", fake)
+    monkeypatch.setattr("perfsuite.ab.session.run_cell", fake)
     repo, commits = probe_repo(tmp_path, [{}] * 3 + [{"slow.txt": "0.2"}] * 3)
     session, lines = bisection(repo, commits[0], commits[-1], tmp_path / "out", max_launches=4,
                                launch=LaunchOptions(options={"count_steps": "0"}, timeout_s=60.0))
@@ -189,7 +189,7 @@ def test_ab_names_the_slower_commit_with_its_ratio(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_commits_that_cannot_be_judged_are_skipped_and_can_leave_it_undecided(tmp_path, monkeypatch):
-    monkeypatch.setattr("perfsuite.gate.bisect.run_cell", FakeCounterLaunch())
+    monkeypatch.setattr("perfsuite.ab.bisect.run_cell", FakeCounterLaunch())
     # commit 3 fails to launch; commit 4 adds the all-reduce: 3 or 4, git cannot tell
     files = [{}] * 3 + [{"broken.txt": "yes"}, {"broken.txt": "no", "allreduce.txt": "5"}, {}, {}]
     repo, commits = probe_repo(tmp_path, files)
@@ -206,7 +206,7 @@ def test_commits_that_cannot_be_judged_are_skipped_and_can_leave_it_undecided(tm
 
 @pytest.mark.slow
 def test_a_bad_ref_judged_good_is_undecided_and_a_packaging_change_reinstalls(tmp_path, monkeypatch):
-    monkeypatch.setattr("perfsuite.gate.bisect.run_cell", FakeCounterLaunch())
+    monkeypatch.setattr("perfsuite.ab.bisect.run_cell", FakeCounterLaunch())
     repo, commits = probe_repo(tmp_path, [{}, {"pyproject.toml": PYPROJECT.replace("0.1", "0.2")}])
     session, lines = bisection(repo, commits[0], commits[1], tmp_path / "out", use_counters=True)
     assert session.run() == bisect.EXIT_UNDECIDED
@@ -306,7 +306,7 @@ def test_bisect_launches_with_every_launching_option_of_run(tmp_path, monkeypatc
         def run(self):
             return bisect.EXIT_FOUND
 
-    monkeypatch.setattr("perfsuite.gate.bisect.Bisection", Bisection)
+    monkeypatch.setattr("perfsuite.ab.bisect.Bisection", Bisection)
     monkeypatch.setattr("perfsuite.runner.handle_sigterm", lambda: None)
     data = tmp_path / "mnist"
     data.mkdir()

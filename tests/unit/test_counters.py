@@ -141,7 +141,7 @@ def test_compare_runs_diffs_counters_across_hardware():
 
 def test_the_counter_detection_benchmark_judges_single_launches(tmp_path, monkeypatch):
     """Launches stood in for: the faults change the counts as the real ones do."""
-    from perfsuite.gate import detection
+    from perfsuite.selftest import detection
 
     launched = []
 

@@ -245,7 +245,7 @@ def _resident_in_process(tmp_path, monkeypatch, loader_workers, windows=2, steps
     coordinator asks for ``windows`` windows of ``steps`` steps."""
     import threading
 
-    from perfsuite.gate.resident import Coordinator
+    from perfsuite.ab.resident import Coordinator
 
     coordinator = Coordinator()
     try:

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from perfsuite.cli.main import main
-from perfsuite.gate import launchcost
+from perfsuite.selftest import launchcost
 
 
 def fake_run_cell(monkeypatch, seen):

@@ -190,7 +190,8 @@ def test_the_launch_statistic_has_one_default_everywhere(tmp_path):
     import json
     import sys
 
-    from perfsuite.gate import ab, bisect
+    from perfsuite.ab import bisect
+    from perfsuite.ab import session as ab
     from perfsuite.history import rows as history_rows
     from perfsuite.judge import baselines, launchstats
 

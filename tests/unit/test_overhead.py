@@ -1,6 +1,6 @@
 """The overhead benchmark runs both loops and reports figures (no timing asserts)."""
 
-from perfsuite.gate.overhead import measure_overhead
+from perfsuite.selftest.overhead import measure_overhead
 
 
 def test_overhead_benchmark_reports_both_medians():

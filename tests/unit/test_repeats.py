@@ -7,10 +7,10 @@ import math
 
 import pytest
 
-from perfsuite.gate import detection
 from perfsuite.judge import recording
 from perfsuite.judge.lookup import find_expectation
 from perfsuite.runner import Runner
+from perfsuite.selftest import detection
 from tests.unit.cellkit import tiny_image_cell
 from tests.unit.conftest import CPU_ENV, FakeLaunches, no_baselines
 

@@ -12,8 +12,8 @@ import time
 import pytest
 import torch
 
+from perfsuite.ab.resident import Coordinator, ResidentError, resident_refusal, step_times_of
 from perfsuite.cells import get
-from perfsuite.gate.resident import Coordinator, ResidentError, resident_refusal, step_times_of
 from perfsuite.judge.windowstats import ORDER, quad_log_ratios, window_value
 from perfsuite.launch.launch import LaunchOptions
 from perfsuite.launch.multinode import Nodes
@@ -153,7 +153,7 @@ def test_the_first_quad_of_a_pair_settles_and_is_not_judged(tmp_path, monkeypatc
     side A's first window ran 1.3-2.3x slower while side B's DataLoader
     workers filled their queues): the pair's first quad is run and kept,
     marked settling, and its windows are left out of the verdict."""
-    from perfsuite.gate import resident
+    from perfsuite.ab import resident
 
     first = {"A": True}
 
@@ -196,7 +196,7 @@ def test_the_side_named_first_is_launched_first_and_windows_stay_abba(tmp_path, 
     """An A/B session alternates which side's launch comes up first (the
     second comes up beside a resident first one); the windows' order does not
     change with it."""
-    from perfsuite.gate import resident
+    from perfsuite.ab import resident
 
     launched = []
 

@@ -20,9 +20,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from perfsuite.cells import get
-from perfsuite.gate import ab, resident
-from perfsuite.gate.resident import (
+from perfsuite.ab import resident
+from perfsuite.ab import session as ab
+from perfsuite.ab.resident import (
     CONTEXT_BYTES,
     LAUNCH_ROUNDS,
     RELEASE,
@@ -32,6 +32,7 @@ from perfsuite.gate.resident import (
     choose_plan,
     plan_memory,
 )
+from perfsuite.cells import get
 from perfsuite.launch.launch import LaunchOptions
 from perfsuite.rank import windows as rank_windows
 from perfsuite.rank.windows import RELEASE_ENV, SIDE_ENV, Windows
@@ -129,7 +130,7 @@ def _session(tmp_path, cell_id, lines, **settings):
 def test_the_session_says_its_plan_and_parks_the_fp64_cells_sides_with_their_cache_released(
         h100, tmp_path, monkeypatch):
     pairs = FakePairs()
-    monkeypatch.setattr("perfsuite.gate.ab.run_pair", pairs)
+    monkeypatch.setattr("perfsuite.ab.session.run_pair", pairs)
     lines = []
     _session(tmp_path, FP64, lines).run()
     record = json.loads((tmp_path / "ab.json").read_text())["cells"][0]
@@ -146,7 +147,7 @@ def test_the_session_says_its_plan_and_parks_the_fp64_cells_sides_with_their_cac
 
 def test_the_fp32_cell_is_plainly_resident(h100, tmp_path, monkeypatch):
     pairs = FakePairs(peak=28.3 * GB)
-    monkeypatch.setattr("perfsuite.gate.ab.run_pair", pairs)
+    monkeypatch.setattr("perfsuite.ab.session.run_pair", pairs)
     lines = []
     _session(tmp_path, FP32, lines).run()
     assert [c["release"] for c in pairs.calls] == [False, False]
@@ -156,9 +157,9 @@ def test_the_fp32_cell_is_plainly_resident(h100, tmp_path, monkeypatch):
 
 def test_a_device_too_small_for_two_sides_runs_the_cell_in_launch_rounds(h100, tmp_path, monkeypatch):
     h100.total = 60 * 10**9
-    monkeypatch.setattr("perfsuite.gate.ab.run_pair", lambda *a, **kw: pytest.fail("resident"))
+    monkeypatch.setattr("perfsuite.ab.session.run_pair", lambda *a, **kw: pytest.fail("resident"))
     launched = []
-    monkeypatch.setattr("perfsuite.gate.ab.run_cell", lambda cell, d, o: launched.append(d) or _ok(cell, d))
+    monkeypatch.setattr("perfsuite.ab.session.run_cell", lambda cell, d, o: launched.append(d) or _ok(cell, d))
     lines = []
     _session(tmp_path, FP64, lines, max_launches=4).run()
     record = json.loads((tmp_path / "ab.json").read_text())["cells"][0]
@@ -169,7 +170,7 @@ def test_a_device_too_small_for_two_sides_runs_the_cell_in_launch_rounds(h100, t
 
 def test_resident_mode_asked_for_a_cell_that_does_not_fit_is_an_error(h100, tmp_path, monkeypatch):
     h100.total = 60 * 10**9
-    monkeypatch.setattr("perfsuite.gate.ab.run_pair", lambda *a, **kw: pytest.fail("resident"))
+    monkeypatch.setattr("perfsuite.ab.session.run_pair", lambda *a, **kw: pytest.fail("resident"))
     _session(tmp_path, FP64, [], mode="resident").run()
     record = json.loads((tmp_path / "ab.json").read_text())["cells"][0]
     assert record["verdict"] == "error" and record["reason"].startswith("--mode resident: memory: ")
@@ -177,9 +178,9 @@ def test_resident_mode_asked_for_a_cell_that_does_not_fit_is_an_error(h100, tmp_
 
 def test_a_first_side_that_leaves_too_little_free_turns_the_cell_to_launch_rounds(
         h100, tmp_path, monkeypatch):
-    monkeypatch.setattr("perfsuite.gate.ab.run_pair", FakePairs(short_at=1))
+    monkeypatch.setattr("perfsuite.ab.session.run_pair", FakePairs(short_at=1))
     launched = []
-    monkeypatch.setattr("perfsuite.gate.ab.run_cell", lambda cell, d, o: launched.append(d) or _ok(cell, d))
+    monkeypatch.setattr("perfsuite.ab.session.run_cell", lambda cell, d, o: launched.append(d) or _ok(cell, d))
     lines = []
     _session(tmp_path, FP64, lines, max_launches=4).run()
     record = json.loads((tmp_path / "ab.json").read_text())["cells"][0]
@@ -193,7 +194,7 @@ def test_a_peak_measured_in_the_first_pair_plans_the_next(h100, tmp_path, monkey
     (tmp_path / "none").mkdir()
     monkeypatch.setenv("PERFSUITE_BASELINES", str(tmp_path / "none"))
     pairs = FakePairs(peak=20 * GB)
-    monkeypatch.setattr("perfsuite.gate.ab.run_pair", pairs)
+    monkeypatch.setattr("perfsuite.ab.session.run_pair", pairs)
     lines = []
     _session(tmp_path / "out", FP64, lines).run()
     assert [(c["release"], c["need_bytes"]) for c in pairs.calls] == [

@@ -46,8 +46,8 @@ from pathlib import Path
 from typing import Any
 
 from perfsuite import stats
+from perfsuite.ab import session as ab
 from perfsuite.cells import Cell
-from perfsuite.gate import ab
 from perfsuite.judge.baselines import CounterBaseline
 from perfsuite.judge.checks import WorkCountersUnchanged
 from perfsuite.launch.launch import LaunchOptions, run_cell

@@ -6,7 +6,7 @@ launches on the shared 2-core VM had medians 82-131 ms minutes apart, so
 with Tuesdays. Two ways to interleave, both A B B A so that a machine that
 drifts drifts under both alike and neither side always goes first:
 
-- resident (where the cell allows it: perfsuite.gate.resident): one launch
+- resident (where the cell allows it: perfsuite.ab.resident): one launch
   of each side kept up, windows of a few steps alternated between them
   seconds apart, judged from the quads' log-ratios over at least two such
   launch pairs (perfsuite.judge.windowstats); a look after every pair;
@@ -19,7 +19,7 @@ smallest change its scatter could resolve at the session's confidence
 (``detectable``: its interval's half-width as a ratio, ``detectable_change``).
 A CUDA cell's two resident sides share its GPU as its memory plan says
 (``resident.plan_memory``: plainly, releasing their cache when parked, or
-launch rounds where they cannot share it). The sides: perfsuite.gate.sides. Every other
+launch rounds where they cannot share it). The sides: perfsuite.ab.sides. Every other
 check of a cell (peak memory, accuracy, work counters:
 ``comparing.compare_runs``) also compares A with B, over the launches measured.
 """
@@ -34,8 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from perfsuite import stats
-from perfsuite.cells import Cell
-from perfsuite.gate.resident import (
+from perfsuite.ab.resident import (
     LAUNCH_ROUNDS,
     MemoryPlan,
     choose_plan,
@@ -44,7 +43,7 @@ from perfsuite.gate.resident import (
     resident_refusal,
     run_pair,
 )
-from perfsuite.gate.sides import (  # noqa: F401 - ab's face for its callers
+from perfsuite.ab.sides import (  # noqa: F401 - ab's face for its callers
     BASE_SITE_PTH,
     IMPORT_CHECK,
     ABError,
@@ -58,6 +57,7 @@ from perfsuite.gate.sides import (  # noqa: F401 - ab's face for its callers
     parse_options,
     python_side,
 )
+from perfsuite.cells import Cell
 from perfsuite.judge import launchstats
 from perfsuite.judge.checks import FAILING
 from perfsuite.judge.comparing import compare_runs

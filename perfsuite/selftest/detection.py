@@ -341,7 +341,7 @@ def measure_ab_detection(trials: int = 20, cell_id: str = DEFAULT_CELL, steps: i
     ``perfsuite ab``; ``resident`` holds its window_steps, quads, max_pairs).
     ``fault_kind`` slows side B by host time (``slow``) or, on a CUDA cell,
     by device time (``gpu-sleep``: ``ab_fault``)."""
-    from perfsuite.gate.ab import ABSession, python_side
+    from perfsuite.ab.session import ABSession, python_side
 
     conditions = ab_conditions(slowdowns)
     cell = cells.get(cell_id).replace(max_steps=steps)
