@@ -36,7 +36,7 @@ PYTEST_PREFIX = "--perf-"
 # until partial batches left the samples, and an LLM cell's floor is the
 # step of its shortest sequences.
 DEFAULT_LAUNCH_STATISTIC = "median"
-LAUNCH_STATISTICS = ("median", "floor")  # perfsuite.judge.launchstats.LAUNCH_STATISTICS (a test checks)
+LAUNCH_STATISTICS = ("median", "floor")  # perfsuite.stats.launches.LAUNCH_STATISTICS (a test checks)
 LAUNCH_STATISTIC_HELP = ("what each launch contributes to a step-time verdict: its median step, or its floor "
                          "(fastest step), for a shared machine whose neighbours only ever add time")
 

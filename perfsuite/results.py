@@ -20,7 +20,7 @@ import numpy as np
 
 from perfsuite.cells import Cell
 from perfsuite.rank import counters
-from perfsuite.stats import summary
+from perfsuite.stats.samples import summary
 from perfsuite.system.atomic import atomic_write_json
 
 SCHEMA = "perfsuite.results/1"

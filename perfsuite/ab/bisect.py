@@ -45,7 +45,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from perfsuite import stats
 from perfsuite.ab import session as ab
 from perfsuite.cells import Cell
 from perfsuite.judge.baselines import CounterBaseline
@@ -53,6 +52,7 @@ from perfsuite.judge.checks import WorkCountersUnchanged
 from perfsuite.launch.launch import LaunchOptions, run_cell
 from perfsuite.options import DEFAULT_LAUNCH_STATISTIC
 from perfsuite.rank import counters
+from perfsuite.stats.samples import DEFAULT_TOLERANCE
 from perfsuite.system.atomic import atomic_write_json
 
 SCHEMA = "perfsuite.bisect/1"
@@ -111,7 +111,7 @@ class Bisection:
 
     def __init__(self, cell: Cell, repo: Path | str, good: str, bad: str, out_dir: Path | str, *,
                  use_counters: bool = False, max_launches: int = ab.DEFAULT_MAX_LAUNCHES,
-                 tolerance: float = stats.DEFAULT_TOLERANCE, statistic: str = DEFAULT_LAUNCH_STATISTIC,
+                 tolerance: float = DEFAULT_TOLERANCE, statistic: str = DEFAULT_LAUNCH_STATISTIC,
                  argv: list[str] | None = None, launch: LaunchOptions | None = None,
                  log: Callable[[str], None] = lambda line: print(line, flush=True)) -> None:
         ab.check_settings(tolerance, statistic, max_launches)

@@ -9,7 +9,7 @@ for windows of ``window_steps`` steps in the order A B B A, A B B A, ...,
 the other side parked on a blocking read meanwhile, and then ends the
 windows, and the launches finish as usual (work counters, accuracy, their
 results). One such *launch pair* sees the change; a few of them also see
-what is tied to a launch (perfsuite.judge.windowstats).
+what is tied to a launch (perfsuite.stats.windows).
 
 Where two sides cannot be resident together (another workload, several
 nodes, a profiler) ``resident_refusal`` says why and ``perfsuite ab``
@@ -44,9 +44,9 @@ from pathlib import Path
 from typing import Any
 
 from perfsuite.cells import Cell
-from perfsuite.judge.windowstats import ORDER, window_value
 from perfsuite.launch.launch import LaunchOptions, run_cell
 from perfsuite.rank.windows import RELEASE_ENV, SIDE_ENV, SOCKET_ENV
+from perfsuite.stats.windows import ORDER, window_value
 
 RESIDENT_WORKLOADS = ("image",)
 READY_TIMEOUT_S = 600.0  # both sides' start-up and warm-up on a loaded machine

@@ -9,7 +9,7 @@ drifts drifts under both alike and neither side always goes first:
 - resident (where the cell allows it: perfsuite.ab.resident): one launch
   of each side kept up, windows of a few steps alternated between them
   seconds apart, judged from the quads' log-ratios over at least two such
-  launch pairs (perfsuite.judge.windowstats); a look after every pair;
+  launch pairs (perfsuite.stats.windows); a look after every pair;
 - launch rounds (any cell): whole launches in turns, each launch one
   observation (``launchstats.compare_launches``), judged after every round.
 
@@ -33,7 +33,6 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from perfsuite import stats
 from perfsuite.ab.resident import (
     LAUNCH_ROUNDS,
     MemoryPlan,
@@ -58,10 +57,8 @@ from perfsuite.ab.sides import (  # noqa: F401 - ab's face for its callers
     python_side,
 )
 from perfsuite.cells import Cell
-from perfsuite.judge import launchstats
 from perfsuite.judge.checks import FAILING
 from perfsuite.judge.comparing import compare_runs
-from perfsuite.judge.windowstats import compare_windows, detectable_change, pair_estimate, quad_log_ratios
 from perfsuite.launch.launch import LaunchOptions, run_cell
 from perfsuite.options import (
     AB_MODES as MODES,
@@ -74,6 +71,9 @@ from perfsuite.options import (
 )
 from perfsuite.results import SCHEMA as RESULTS_SCHEMA
 from perfsuite.results import merge_repeats
+from perfsuite.stats import launches as launchstats
+from perfsuite.stats.samples import DEFAULT_CONFIDENCE, DEFAULT_TOLERANCE
+from perfsuite.stats.windows import compare_windows, detectable_change, pair_estimate, quad_log_ratios
 from perfsuite.system.atomic import atomic_write_json
 
 SCHEMA = "perfsuite.ab/1"
@@ -86,7 +86,7 @@ MIN_PAIRS = 2  # launch pairs a resident verdict weighs: one cannot see effects 
 EXIT_OK, EXIT_REGRESSED, EXIT_USAGE, EXIT_UNDECIDED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 
-def look_confidence(max_launches: int, confidence: float = stats.DEFAULT_CONFIDENCE) -> float:
+def look_confidence(max_launches: int, confidence: float = DEFAULT_CONFIDENCE) -> float:
     """The confidence each round's verdict is held to, so that the whole
     session holds ``confidence``: the verdict is looked at after every round
     from MIN_LAUNCHES a side on, and each look is another chance of a false
@@ -116,7 +116,7 @@ def check_resident_settings(mode: str, window_steps: int, quads: int, max_pairs:
                       f"least 1 step a window, 4 quads a pair and {MIN_PAIRS} pairs")
 
 
-def pair_look_confidence(max_pairs: int, confidence: float = stats.DEFAULT_CONFIDENCE) -> float:
+def pair_look_confidence(max_pairs: int, confidence: float = DEFAULT_CONFIDENCE) -> float:
     """As ``look_confidence``: a look after every launch pair from MIN_PAIRS on."""
     return 1.0 - (1.0 - confidence) / (max_pairs - MIN_PAIRS + 1)
 
@@ -126,7 +126,7 @@ def _finite(value: Any) -> Any:
 
 
 def _interval(entry: dict[str, Any]) -> str:
-    confidence = entry.get("confidence") or stats.DEFAULT_CONFIDENCE
+    confidence = entry.get("confidence") or DEFAULT_CONFIDENCE
     high = entry.get("ci_high")
     return (f"ratio {entry['ratio']:.4g} ({confidence * 100:.0f} % CI {entry['ci_low']:.4g}-"
             f"{'inf' if high is None else f'{high:.4g}'})")
@@ -164,7 +164,7 @@ class ABSession:
     is rewritten after every launch, so a crash or Ctrl-C loses nothing measured."""
 
     def __init__(self, cells: list[Cell], side_a: Side, side_b: Side, out_dir: Path | str, *,
-                 tolerance: float = stats.DEFAULT_TOLERANCE, statistic: str = DEFAULT_LAUNCH_STATISTIC,
+                 tolerance: float = DEFAULT_TOLERANCE, statistic: str = DEFAULT_LAUNCH_STATISTIC,
                  max_launches: int = DEFAULT_MAX_LAUNCHES, argv: list[str] | None = None,
                  launch: LaunchOptions | None = None, mode: str = "auto",
                  window_steps: int = DEFAULT_WINDOW_STEPS, quads: int = DEFAULT_QUADS,
@@ -181,7 +181,7 @@ class ABSession:
         self.log = log
         self.data: dict[str, Any] = {
             "schema": SCHEMA, "started": time.time(), "finished": None, "argv": argv or [],
-            "settings": {"tolerance": tolerance, "confidence": stats.DEFAULT_CONFIDENCE,
+            "settings": {"tolerance": tolerance, "confidence": DEFAULT_CONFIDENCE,
                          "look_confidence": look_confidence(max_launches),
                          "launch_statistic": statistic, "max_launches": max_launches,
                          "min_launches": launchstats.MIN_LAUNCHES, "order": ORDER,

@@ -6,8 +6,8 @@ t-test significance, Hunter's split/merge), of which perfsuite keeps a copy
 (``perfsuite.history.edivisive``; the package pins numpy exactly). Each change
 is told with the last good and first bad commit, its size as a Hodges-Lehmann
 ratio of the segments' values with its Mann-Whitney interval
-(``stats.shift_ratio_interval``) and what the work counters of the two runs
-say (``counters.diff``).
+(``perfsuite.stats.samples.shift_ratio_interval``) and what the work
+counters of the two runs say (``counters.diff``).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class Change:
 
 
 def _size(after: list[float], before: list[float]) -> Any:
-    from perfsuite.stats import shift_ratio_interval
+    from perfsuite.stats.samples import shift_ratio_interval
 
     try:
         return shift_ratio_interval(after, before)

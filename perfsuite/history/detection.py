@@ -35,7 +35,7 @@ import sqlalchemy as sa
 
 from perfsuite.history.changes import DEFAULT_MAX_PVALUE, DEFAULT_WINDOW, find_changes
 from perfsuite.history.store import Point
-from perfsuite.judge.launchstats import LAUNCH_STATISTICS
+from perfsuite.stats.launches import LAUNCH_STATISTICS
 
 TARGETS = {"step": 19 / 20, "unchanged": 1 / 20, "drift": 16 / 20}
 DRIFT_COMMITS = 10

@@ -21,7 +21,7 @@ from typing import Any
 
 import pandas as pd
 
-from perfsuite.judge import launchstats
+from perfsuite.stats import launches as launchstats
 
 FORMAT = "perfsuite.baselines/1"
 PROFILE_FILE, METRICS_FILE, RATIOS_FILE, FINDINGS_FILE, SAMPLES_FILE, COUNTERS_FILE = (

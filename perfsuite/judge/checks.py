@@ -14,11 +14,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
-from perfsuite import stats
-from perfsuite.judge import launchstats
 from perfsuite.judge.baselines import CounterBaseline, norm
 from perfsuite.judge.lookup import Expectation
 from perfsuite.rank import counters
+from perfsuite.stats import launches as launchstats
+from perfsuite.stats.samples import (
+    DEFAULT_CONFIDENCE,
+    DEFAULT_TOLERANCE,
+    Comparison,
+    Interval,
+    compare_interval,
+    compare_values,
+    median_ratio_interval,
+    summary,
+    within_range,
+)
 
 STATES = ("same", "regressed", "improved", "unknown", "pass", "fail", "skipped")
 FAILING = frozenset({"regressed", "fail"})
@@ -90,7 +100,7 @@ def _not_ok(name: str, metric: str, *results: Mapping[str, Any] | None) -> Verdi
     return None
 
 
-def _from_comparison(name: str, metric: str, unit: str, cmp: stats.Comparison,
+def _from_comparison(name: str, metric: str, unit: str, cmp: Comparison,
                      observed: float | None, expected: float | None, exp: Expectation | None,
                      cell: str | None) -> Verdict:
     source = exp.source if exp else ""
@@ -110,8 +120,8 @@ class StepTimeNotRegressed:
     """Step-time samples against baseline samples (preferred) or one number."""
 
     def __init__(self, expectation: Expectation | None = None, *, samples: Sequence[float] = (),
-                 value: float | None = None, tolerance: float = stats.DEFAULT_TOLERANCE,
-                 confidence: float = stats.DEFAULT_CONFIDENCE, name: str = "step_time",
+                 value: float | None = None, tolerance: float = DEFAULT_TOLERANCE,
+                 confidence: float = DEFAULT_CONFIDENCE, name: str = "step_time",
                  metric: str = "step_time") -> None:
         if expectation is None and (samples or value is not None):
             expectation = Expectation(metric, value, tolerance=tolerance, samples=tuple(samples),
@@ -138,14 +148,14 @@ class StepTimeNotRegressed:
                                                exp.tolerance, self.confidence,
                                                statistic=exp.launch_statistic,
                                                spread=exp.launch_spread)
-            expected = stats.summary(exp.samples)["median"]
+            expected = summary(exp.samples)["median"]
         else:  # one number (a paper's table): one launch of the baseline, its typical step
             cmp = launchstats.compare_launches(launches, [[exp.value]], exp.tolerance,
                                                self.confidence, statistic="median",
                                                spread=exp.launch_spread)
             expected = exp.value
         return _from_comparison(self.name, self.metric, data.get("unit", "s"), cmp,
-                                stats.summary(observed)["median"], expected, exp, cell)
+                                summary(observed)["median"], expected, exp, cell)
 
 
 class PeakMemoryNotRegressed:
@@ -171,8 +181,8 @@ class PeakMemoryNotRegressed:
         if not isinstance(observed, (int, float)) or not math.isfinite(observed):
             return Verdict(self.name, "unknown", metric=self.metric, cell=cell,
                            message=f"cell {cell} reported no {self.metric}")
-        cmp = stats.compare_values(float(observed), exp.value, exp.tolerance,
-                                   higher_is_better=exp.better == "higher")
+        cmp = compare_values(float(observed), exp.value, exp.tolerance,
+                             higher_is_better=exp.better == "higher")
         return _from_comparison(self.name, self.metric, "bytes", cmp, float(observed), exp.value,
                                 exp, cell)
 
@@ -232,7 +242,7 @@ class CrossCellRatio:
 
     def __init__(self, expectation: Expectation | None = None, *, minimum: float | None = None,
                  maximum: float | None = None, tolerance: float = 0.0,
-                 confidence: float = stats.DEFAULT_CONFIDENCE, name: str | None = None) -> None:
+                 confidence: float = DEFAULT_CONFIDENCE, name: str | None = None) -> None:
         # Thresholds given here are in this check's own units (e.g. efficiency),
         # while baselines store the speed-up as the paper prints it.
         self.own_units = expectation is None and (minimum is not None or maximum is not None)
@@ -252,11 +262,11 @@ class CrossCellRatio:
     def twin_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
         return {**params, **self.twin_overrides}
 
-    def observed(self, result: Mapping[str, Any], twin: Mapping[str, Any]) -> stats.Interval:
+    def observed(self, result: Mapping[str, Any], twin: Mapping[str, Any]) -> Interval:
         factor = samples_per_step(result) / samples_per_step(twin)
-        return stats.median_ratio_interval(_metric(twin, "step_time")["samples"],
-                                           _metric(result, "step_time")["samples"],
-                                           factor=factor, confidence=self.confidence)
+        return median_ratio_interval(_metric(twin, "step_time")["samples"],
+                                     _metric(result, "step_time")["samples"],
+                                     factor=factor, confidence=self.confidence)
 
     def expected_scale(self, result: Mapping[str, Any]) -> float:
         """Factor turning the stored speed-up into this check's quantity."""
@@ -279,15 +289,15 @@ class CrossCellRatio:
         what = f"{self.name} of {cell} vs {twin.get('id')}"
         if exp.value is not None:
             expected = exp.value * scale
-            cmp = stats.compare_interval(interval, expected, exp.tolerance,
-                                         higher_is_better=self.higher_is_better)
+            cmp = compare_interval(interval, expected, exp.tolerance,
+                                   higher_is_better=self.higher_is_better)
             verdict = _from_comparison(self.name, self.name, "", cmp, interval.estimate, expected,
                                        exp, cell)
             verdict.message = f"{what}: " + verdict.message
             return verdict
         low = exp.low * scale if exp.low is not None else None
         high = exp.high * scale if exp.high is not None else None
-        state = stats.within_range(interval, low, high, exp.tolerance)
+        state = within_range(interval, low, high, exp.tolerance)
         source = exp.source or "given"
         return Verdict(self.name, state, interval.estimate, None, None, interval.low,
                        interval.high, interval.confidence, None, exp.tolerance, self.name, "",
@@ -307,7 +317,7 @@ class ScalingEfficiency(CrossCellRatio):
     def _ranks(self, result: Mapping[str, Any]) -> int:
         return int(result.get("params", {}).get("world_size", 1))
 
-    def observed(self, result: Mapping[str, Any], twin: Mapping[str, Any]) -> stats.Interval:
+    def observed(self, result: Mapping[str, Any], twin: Mapping[str, Any]) -> Interval:
         return super().observed(result, twin).scaled(1.0 / self._ranks(result))
 
     def expected_scale(self, result: Mapping[str, Any]) -> float:
@@ -339,17 +349,17 @@ class StepTimeRatio(CrossCellRatio):
     higher_is_better = False
     twin_overrides: ClassVar[dict[str, Any]] = {"world_size": 1}
 
-    def observed(self, result: Mapping[str, Any], twin: Mapping[str, Any]) -> stats.Interval:
-        return stats.median_ratio_interval(_metric(result, "step_time")["samples"],
-                                           _metric(twin, "step_time")["samples"],
-                                           confidence=self.confidence)
+    def observed(self, result: Mapping[str, Any], twin: Mapping[str, Any]) -> Interval:
+        return median_ratio_interval(_metric(result, "step_time")["samples"],
+                                     _metric(twin, "step_time")["samples"],
+                                     confidence=self.confidence)
 
 
 class FindingRatio(CrossCellRatio):
     """A finding of the experiment data (``perfsuite.cells.Finding``): the
     subject's throughput over its twin's, within the finding's range."""
 
-    def __init__(self, finding: Any, confidence: float = stats.DEFAULT_CONFIDENCE) -> None:
+    def __init__(self, finding: Any, confidence: float = DEFAULT_CONFIDENCE) -> None:
         self.finding = finding
         self.twin_overrides = dict(finding.twin)
         super().__init__(Expectation("speedup", None, finding.low, finding.high, 0.0,

@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from perfsuite import stats
-from perfsuite.judge import launchstats
 from perfsuite.judge.checks import StepTimeNotRegressed, Verdict, _from_comparison, _not_ok
 from perfsuite.judge.lookup import Expectation
+from perfsuite.stats import launches as launchstats
+from perfsuite.stats.samples import summary
 
 
 def launch_time_per_token(result: Mapping[str, Any]) -> list[float]:
@@ -56,6 +56,6 @@ class TimePerTokenNotRegressed(StepTimeNotRegressed):
         cmp = launchstats.compare_launches([[v] for v in values], [[exp.value]], exp.tolerance,
                                            self.confidence, spread=exp.launch_spread)
         verdict = _from_comparison(self.name, self.metric, "s/token", cmp,
-                                   stats.summary(values)["median"], exp.value, exp, cell)
+                                   summary(values)["median"], exp.value, exp, cell)
         verdict.message += "; each launch: its total step time over its total tokens"
         return verdict

@@ -7,7 +7,6 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from perfsuite import stats
 from perfsuite.judge.baselines import CounterBaseline, run_cells, run_profile
 from perfsuite.judge.checks import (
     AccuracyAtLeast,
@@ -18,6 +17,7 @@ from perfsuite.judge.checks import (
     _skip,
 )
 from perfsuite.judge.lookup import Expectation
+from perfsuite.stats.samples import DEFAULT_CONFIDENCE, DEFAULT_TOLERANCE
 
 
 def _env_profile(results: Mapping[str, Any]) -> str | None:
@@ -28,8 +28,8 @@ def _env_profile(results: Mapping[str, Any]) -> str | None:
 
 
 def compare_runs(results_a: Mapping[str, Any], results_b: Mapping[str, Any], *,
-                 tolerance: float = stats.DEFAULT_TOLERANCE,
-                 confidence: float = stats.DEFAULT_CONFIDENCE,
+                 tolerance: float = DEFAULT_TOLERANCE,
+                 confidence: float = DEFAULT_CONFIDENCE,
                  allow_other_hardware: bool = False,
                  launch_statistic: str = "median") -> list[dict[str, Any]]:
     """Run B judged against run A (the reference), cell by cell.

@@ -18,7 +18,6 @@ from typing import Any
 
 import pandas as pd
 
-from perfsuite.judge import launchstats
 from perfsuite.judge.baselines import (
     HIGHER_IS_BETTER,
     KEY_COLUMNS,
@@ -31,6 +30,7 @@ from perfsuite.judge.baselines import (
     norm,
     parse_reference,
 )
+from perfsuite.stats import launches as launchstats
 
 
 def find_counters(params: Mapping[str, Any], env: Mapping[str, Any],

@@ -20,7 +20,6 @@ from typing import Any
 
 import pandas as pd
 
-from perfsuite.judge import launchstats
 from perfsuite.judge.baselines import (
     COUNTERS_FILE,
     COUNTERS_FORMAT,
@@ -46,6 +45,7 @@ from perfsuite.judge.baselines import (
     run_cells,
     run_profile,
 )
+from perfsuite.stats import launches as launchstats
 from perfsuite.system.atomic import atomic_write_text
 from perfsuite.system.locking import FolderLock, LockBusy
 

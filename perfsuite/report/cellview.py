@@ -132,8 +132,8 @@ def sample_ratio_interval(cell: Mapping[str, Any], twin: Mapping[str, Any],
     """throughput(cell) / throughput(twin) with a bootstrap interval from both
     cells' step-time samples, as the cross-cell checks compute it
     (``checks.CrossCellRatio``); (ratio, None, None) when too few samples bound it."""
-    from perfsuite import stats
     from perfsuite.judge.checks import samples_per_step
+    from perfsuite.stats.samples import median_ratio_interval
 
     def samples(c: Mapping[str, Any]) -> list[float]:
         raw = ((c.get("metrics") or {}).get("step_time") or {}).get("samples") or []
@@ -143,7 +143,7 @@ def sample_ratio_interval(cell: Mapping[str, Any], twin: Mapping[str, Any],
     if not mine or not theirs:
         return None
     factor = samples_per_step(cell) / samples_per_step(twin)
-    interval = stats.median_ratio_interval(theirs, mine, factor=factor, confidence=confidence)
+    interval = median_ratio_interval(theirs, mine, factor=factor, confidence=confidence)
     low, high = number(interval.low), number(interval.high)
     if low is None or high is None or low <= 0:
         return interval.estimate, None, None

@@ -33,7 +33,6 @@ from typing import Any
 import numpy as np
 
 from perfsuite import cells, options
-from perfsuite.judge import launchstats
 from perfsuite.judge.baselines import load_all
 from perfsuite.judge.judging import judge, needs_more_launches
 from perfsuite.judge.lookup import find_counters
@@ -41,6 +40,7 @@ from perfsuite.judge.recording import record_run
 from perfsuite.launch.launch import LaunchOptions, run_cell
 from perfsuite.results import SCHEMA, merge_repeats
 from perfsuite.runner import REMEASURE_ROUNDS
+from perfsuite.stats import launches as launchstats
 from perfsuite.system.atomic import atomic_write_json
 
 DEFAULT_CELL = "smoke/image/ddp-ds/c1/fp32/px32/nopin/nchw"

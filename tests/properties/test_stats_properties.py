@@ -1,12 +1,12 @@
-"""Properties of perfsuite.stats that every verdict must keep."""
+"""Properties of perfsuite.stats.samples that every verdict must keep."""
 
 import math
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from perfsuite import stats
-from perfsuite.judge import launchstats
+from perfsuite.stats import launches as launchstats
+from perfsuite.stats.samples import VERDICTS, classify, median_ratio_interval, shift_ratio_interval
 
 # Step times on a millisecond grid (0.001 s to 1000 s): real timers have finite
 # resolution, and it keeps two different samples from being one float apart.
@@ -34,17 +34,17 @@ def test_a_large_enough_shift_between_launches_is_always_called(values, tol):
 @settings(**FAST)
 @given(samples, samples, st.sampled_from([0.5, 1.0, 2.0]), confidences)
 def test_ratio_intervals_contain_their_estimate(num, den, factor, conf):
-    boot = stats.median_ratio_interval(num, den, factor=factor, confidence=conf, n_resamples=300)
+    boot = median_ratio_interval(num, den, factor=factor, confidence=conf, n_resamples=300)
     assert boot.low <= boot.estimate <= boot.high
-    rank = stats.shift_ratio_interval(num, den, confidence=conf)
+    rank = shift_ratio_interval(num, den, confidence=conf)
     assert rank.low <= rank.estimate <= rank.high
 
 
 @settings(**FAST)
 @given(samples, samples)
 def test_a_wider_confidence_gives_a_wider_rank_interval(num, den):
-    narrow = stats.shift_ratio_interval(num, den, confidence=0.8)
-    wide = stats.shift_ratio_interval(num, den, confidence=0.95)
+    narrow = shift_ratio_interval(num, den, confidence=0.8)
+    wide = shift_ratio_interval(num, den, confidence=0.95)
     assert wide.low <= narrow.low and wide.high >= narrow.high
 
 
@@ -53,7 +53,7 @@ def test_a_wider_confidence_gives_a_wider_rank_interval(num, den):
 def test_classify_is_consistent(a, b, where, tol, higher):
     low, high = min(a, b), max(a, b)
     estimate = low + where * (high - low)
-    verdict = stats.classify(low, high, tol, estimate=estimate, higher_is_better=higher)
+    verdict = classify(low, high, tol, estimate=estimate, higher_is_better=higher)
     if verdict == "same":
         assert 1 - tol - 1e-9 <= low and high <= 1 + tol + 1e-9
     slower, faster = ("improved", "regressed") if higher else ("regressed", "improved")
@@ -62,9 +62,9 @@ def test_classify_is_consistent(a, b, where, tol, higher):
     if verdict == faster:
         assert high < 1 and estimate < 1 - tol + 1e-9
     # without an estimate, the interval's end nearer to 1 must clear the tolerance
-    if stats.classify(low, high, tol, higher_is_better=higher) == slower:
+    if classify(low, high, tol, higher_is_better=higher) == slower:
         assert low > 1 + tol - 1e-9
-    assert verdict in stats.VERDICTS
+    assert verdict in VERDICTS
 
 
 statistics = st.sampled_from(sorted(launchstats.LAUNCH_STATISTICS))

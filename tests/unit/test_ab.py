@@ -19,9 +19,9 @@ from perfsuite import cells, options
 from perfsuite.ab import session as ab
 from perfsuite.cli import ab as cli_ab
 from perfsuite.cli import main as cli
-from perfsuite.judge import launchstats
 from perfsuite.launch.launch import LaunchOptions
 from perfsuite.report.ab import ab_section_html
+from perfsuite.stats import launches as launchstats
 from tests.unit.cellkit import tiny_image_cell
 
 CPU_ENV = {"cpu_model": "AMD EPYC 9334", "cpu_cores": 2, "gpu_count": 0}

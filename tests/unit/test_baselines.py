@@ -8,8 +8,9 @@ import pytest
 
 from perfsuite.hardware import profile_id
 from perfsuite.judge import baselines as bl
-from perfsuite.judge import launchstats, recording
+from perfsuite.judge import recording
 from perfsuite.judge.lookup import find_expectation, find_expectations, lookup
+from perfsuite.stats import launches as launchstats
 
 PAPER = bl.PROJECT_BASELINES / "h100-sxm-94gb-x4-nvlink-paper"
 H100 = "h100-sxm-94gb-x4-nvlink"

@@ -6,13 +6,13 @@ import math
 import numpy as np
 import pytest
 
-from perfsuite import stats
 from perfsuite.judge import baselines as bl
 from perfsuite.judge import checks as ck
-from perfsuite.judge import launchstats
 from perfsuite.judge.applicable import checks_for
 from perfsuite.judge.comparing import compare_runs
 from perfsuite.judge.lookup import Expectation
+from perfsuite.stats import launches as launchstats
+from perfsuite.stats.samples import median_ratio_interval
 
 PAPER = bl.PROJECT_BASELINES / "h100-sxm-94gb-x4-nvlink-paper"
 H100 = "h100-sxm-94gb-x4-nvlink"
@@ -261,8 +261,8 @@ def test_compare_runs_judges_repeated_launches_by_their_spread():
     # the 15 % higher run B regressed; its launches overlap run A's.
     a = run(repeated([0.09, 0.12, 0.10, 0.11], seed=10))
     b = run(repeated([0.1035, 0.138, 0.115, 0.1265], seed=20))
-    pooled = stats.median_ratio_interval(b["cells"][0]["metrics"]["step_time"]["samples"],
-                                         a["cells"][0]["metrics"]["step_time"]["samples"])
+    pooled = median_ratio_interval(b["cells"][0]["metrics"]["step_time"]["samples"],
+                                   a["cells"][0]["metrics"]["step_time"]["samples"])
     check = {v["name"]: v for v in compare_runs(a, b)}["step_time"]
     assert pooled.low > 1.05  # the pooled steps' own interval: a "regression"
     assert check["verdict"] == "unknown"

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from perfsuite.ab.session import DECIDED, MIN_PAIRS, pair_look_confidence
-from perfsuite.judge.windowstats import compare_windows
+from perfsuite.stats.windows import compare_windows
 
 RECORD = Path(__file__).resolve().parents[1] / "data" / "cpu-2026-11-26" / "ab-detection-20.json"
 CONDITIONS = ("unchanged", "slow10", "slow5")

@@ -195,7 +195,7 @@ def test_resident_ab_sessions_on_the_h100_judge_again_as_they_judged(session, ve
     pinned 500 px cell (1 % tolerance, 16 quads a pair): their windows,
     judged again by today's rule, give the verdict and interval they gave."""
     from perfsuite.ab.resident import judged as weighed
-    from perfsuite.judge.windowstats import compare_windows, quad_log_ratios
+    from perfsuite.stats.windows import compare_windows, quad_log_ratios
 
     ab = json.loads((DATA / SECOND / f"{session}.json").read_text())
     cell = ab["cells"][0]

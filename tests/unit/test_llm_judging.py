@@ -15,10 +15,11 @@ import pytest
 from perfsuite.hardware import profile_id
 from perfsuite.judge import baselines as bl
 from perfsuite.judge import checks as ck
-from perfsuite.judge import checks_llm, launchstats, recording
+from perfsuite.judge import checks_llm, recording
 from perfsuite.judge.applicable import checks_for
 from perfsuite.judge.lookup import Expectation, find_time_per_token
 from perfsuite.results import merge_repeats
+from perfsuite.stats import launches as launchstats
 
 ENV = {"gpu_name": "NVIDIA H100 80GB HBM3", "gpu_count": 1, "gpu_memory_bytes": 80 * 2**30,
        "torch": "2.11.0+cu130", "cuda": "13.0", "cudnn": 91900, "nccl": "2.28.9"}

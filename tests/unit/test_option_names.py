@@ -193,7 +193,8 @@ def test_the_launch_statistic_has_one_default_everywhere(tmp_path):
     from perfsuite.ab import bisect
     from perfsuite.ab import session as ab
     from perfsuite.history import rows as history_rows
-    from perfsuite.judge import baselines, launchstats
+    from perfsuite.judge import baselines
+    from perfsuite.stats import launches as launchstats
 
     default = options.DEFAULT_LAUNCH_STATISTIC
     assert options.LAUNCH_STATISTICS == tuple(launchstats.LAUNCH_STATISTICS) and default in options.LAUNCH_STATISTICS

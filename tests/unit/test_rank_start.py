@@ -152,7 +152,7 @@ def test_a_forked_rank_imports_nothing_to_hand_in_its_record(tmp_path):
     """What the worker does with a workload's finished record (check it against
     the results schema, write it) needs nothing its zygote did not import:
     an import there is launch time after training, in every rank (scipy's
-    through perfsuite.stats took ~1 s of each rank on the 2-core VM)."""
+    through perfsuite.stats.samples took ~1 s of each rank on the 2-core VM)."""
     script = f"""
 import importlib, json, sys
 from pathlib import Path

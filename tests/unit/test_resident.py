@@ -14,10 +14,10 @@ import torch
 
 from perfsuite.ab.resident import Coordinator, ResidentError, resident_refusal, step_times_of
 from perfsuite.cells import get
-from perfsuite.judge.windowstats import ORDER, quad_log_ratios, window_value
 from perfsuite.launch.launch import LaunchOptions
 from perfsuite.launch.multinode import Nodes
 from perfsuite.rank.windows import SIDE_ENV, SOCKET_ENV, Windows, WindowsLost
+from perfsuite.stats.windows import ORDER, quad_log_ratios, window_value
 
 CPU = torch.device("cpu")
 

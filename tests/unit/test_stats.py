@@ -1,4 +1,4 @@
-"""perfsuite.stats: summaries, intervals and verdicts on known numbers."""
+"""perfsuite.stats.samples: summaries, intervals and verdicts on known numbers."""
 
 import math
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from perfsuite import stats
-from perfsuite.judge import launchstats
+from perfsuite.stats import launches as launchstats
+from perfsuite.stats import samples
 
 
 def lognormal(seed, n, scale=1.0, sigma=0.05):
@@ -17,7 +17,7 @@ def lognormal(seed, n, scale=1.0, sigma=0.05):
 # ------------------------------------------------------------------ summary
 
 def test_summary_of_known_samples():
-    s = stats.summary([5.0, 1.0, 3.0, 2.0, 4.0])
+    s = samples.summary([5.0, 1.0, 3.0, 2.0, 4.0])
     assert s["n"] == 5 and s["median"] == 3.0 and s["min"] == 1.0 and s["max"] == 5.0
     assert s["iqr"] == pytest.approx(2.0)
     assert s["p10"] == pytest.approx(1.4) and s["p90"] == pytest.approx(4.6)
@@ -25,64 +25,64 @@ def test_summary_of_known_samples():
 
 
 def test_summary_is_robust_to_one_outlier():
-    s = stats.summary([1.0] * 9 + [100.0])
+    s = samples.summary([1.0] * 9 + [100.0])
     assert s["median"] == 1.0 and s["mad"] == 0.0
 
 
 def test_summary_of_nothing_has_n_zero():
-    s = stats.summary([])
+    s = samples.summary([])
     assert s["n"] == 0 and math.isnan(s["median"])
 
 
 @pytest.mark.parametrize("bad", [[1.0, float("nan")], [1.0, float("inf")]])
 def test_non_finite_samples_are_refused(bad):
     with pytest.raises(ValueError, match="finite"):
-        stats.as_samples(bad)
+        samples.as_samples(bad)
 
 
 def test_non_positive_times_are_refused():
     with pytest.raises(ValueError, match="positive"):
-        stats.as_samples([1.0, 0.0, 1.0])
+        samples.as_samples([1.0, 0.0, 1.0])
 
 
 # ---------------------------------------------------------------- intervals
 
 def test_median_ratio_interval_brackets_the_true_ratio():
     base, new = lognormal(1, 60), lognormal(2, 60, scale=1.2)
-    iv = stats.median_ratio_interval(new, base)
+    iv = samples.median_ratio_interval(new, base)
     assert iv.low < 1.2 < iv.high and iv.contains(iv.estimate)
     assert iv.high - iv.low < 0.1
 
 
 def test_median_ratio_interval_is_deterministic_and_order_free():
     base, new = lognormal(3, 25), lognormal(4, 25, scale=1.1)
-    first = stats.median_ratio_interval(new, base)
-    assert stats.median_ratio_interval(new, base) == first
-    assert stats.median_ratio_interval(new[::-1], sorted(base)) == first
+    first = samples.median_ratio_interval(new, base)
+    assert samples.median_ratio_interval(new, base) == first
+    assert samples.median_ratio_interval(new[::-1], sorted(base)) == first
 
 
 def test_median_ratio_interval_factor_scales_everything():
     base, new = lognormal(5, 20), lognormal(6, 20)
-    plain = stats.median_ratio_interval(new, base)
-    half = stats.median_ratio_interval(new, base, factor=0.5)
+    plain = samples.median_ratio_interval(new, base)
+    half = samples.median_ratio_interval(new, base, factor=0.5)
     assert half.estimate == pytest.approx(plain.estimate / 2)
     assert half.low == pytest.approx(plain.low / 2) and half.high == pytest.approx(plain.high / 2)
 
 
 def test_one_sample_gives_an_unbounded_interval():
-    iv = stats.median_ratio_interval([2.0], [1.0, 1.1, 0.9])
+    iv = samples.median_ratio_interval([2.0], [1.0, 1.1, 0.9])
     assert iv.estimate == pytest.approx(2.0) and iv.low == 0.0 and iv.high == math.inf
 
 
 @pytest.mark.parametrize("m,n,critical", [(5, 5, 2), (3, 7, 1), (8, 6, 8), (10, 10, 23)])
 def test_rank_critical_values_match_the_mann_whitney_table(m, n, critical):
     # Published two-sided 5% critical values of U; the interval uses the next rank.
-    assert stats._rank_critical(m, n, 0.05) == critical + 1
+    assert samples._rank_critical(m, n, 0.05) == critical + 1
 
 
 @pytest.mark.parametrize("m,n", [(4, 6), (7, 7), (12, 9)])
 def test_exact_null_distribution_matches_scipy(m, n):
-    cdf = stats._mann_whitney_lower_cdf(m, n)
+    cdf = samples._mann_whitney_lower_cdf(m, n)
     x = np.arange(m) + 0.5  # all below y: U = 0 for x
     y = np.arange(n) + 100.0
     p = sps.mannwhitneyu(x, y, alternative="less", method="exact").pvalue
@@ -91,7 +91,7 @@ def test_exact_null_distribution_matches_scipy(m, n):
 
 
 def test_normal_approximation_agrees_with_exact_where_they_meet():
-    exact = stats._rank_critical(100, 100, 0.05)
+    exact = samples._rank_critical(100, 100, 0.05)
     z = sps.norm.ppf(0.975)
     approx = math.floor(100 * 100 / 2 - z * math.sqrt(100 * 100 * 201 / 12))
     assert abs(exact - approx) <= 2
@@ -103,13 +103,13 @@ def test_shift_interval_covers_the_true_ratio_about_as_often_as_promised():
         rng = np.random.default_rng(seed)
         base = rng.lognormal(0.0, 0.1, 12)
         new = rng.lognormal(math.log(1.3), 0.1, 12)
-        iv = stats.shift_ratio_interval(new, base, confidence=0.9)
+        iv = samples.shift_ratio_interval(new, base, confidence=0.9)
         hits += iv.low <= 1.3 <= iv.high
     assert 0.84 <= hits / 200 <= 0.97
 
 
 def test_shift_interval_needs_enough_samples():
-    iv = stats.shift_ratio_interval([2.0, 2.1, 2.2], [1.0, 1.1, 1.2])
+    iv = samples.shift_ratio_interval([2.0, 2.1, 2.2], [1.0, 1.1, 1.2])
     assert iv.high == math.inf  # 3 vs 3 cannot reach 95%
 
 
@@ -127,45 +127,45 @@ def test_shift_interval_needs_enough_samples():
 
 
 def test_compare_values_for_single_numbers():
-    assert stats.compare_values(110.0, 100.0, 0.05).verdict == "regressed"
-    assert stats.compare_values(103.0, 100.0, 0.05).verdict == "same"
-    assert stats.compare_values(0.99, 0.97, 0.01, higher_is_better=True).verdict == "improved"
+    assert samples.compare_values(110.0, 100.0, 0.05).verdict == "regressed"
+    assert samples.compare_values(103.0, 100.0, 0.05).verdict == "same"
+    assert samples.compare_values(0.99, 0.97, 0.01, higher_is_better=True).verdict == "improved"
 
 
 def test_compare_interval_against_an_expected_ratio():
-    iv = stats.Interval(2.3, 2.25, 2.35, 0.95, "test")
-    assert stats.compare_interval(iv, 2.31, 0.10).verdict == "same"
-    assert stats.compare_interval(iv, 3.0, 0.10).verdict == "regressed"  # slower than expected
-    assert stats.compare_interval(iv, 1.5, 0.10).verdict == "improved"
+    iv = samples.Interval(2.3, 2.25, 2.35, 0.95, "test")
+    assert samples.compare_interval(iv, 2.31, 0.10).verdict == "same"
+    assert samples.compare_interval(iv, 3.0, 0.10).verdict == "regressed"  # slower than expected
+    assert samples.compare_interval(iv, 1.5, 0.10).verdict == "improved"
 
 
 def test_within_range():
-    iv = stats.Interval(1.6, 1.58, 1.62, 0.95, "test")
-    assert stats.within_range(iv, 1.54, 1.68) == "pass"
-    assert stats.within_range(iv, 1.7, None) == "fail"
-    assert stats.within_range(iv, 1.6, None) == "unknown"
-    assert stats.within_range(iv, None, 1.5, tolerance=0.1) == "pass"
+    iv = samples.Interval(1.6, 1.58, 1.62, 0.95, "test")
+    assert samples.within_range(iv, 1.54, 1.68) == "pass"
+    assert samples.within_range(iv, 1.7, None) == "fail"
+    assert samples.within_range(iv, 1.6, None) == "unknown"
+    assert samples.within_range(iv, None, 1.5, tolerance=0.1) == "pass"
 
 
 def test_classify_at_the_tolerance_bound_is_same_not_regressed():
-    assert stats.classify(1.05, 1.05, 0.05) == "same"
-    assert stats.classify(1.0500000000000003, 1.06, 0.05) == "unknown"
-    assert stats.classify(1.06, 1.07, 0.05) == "regressed"
-    assert stats.classify(1.06, 1.07, 0.05, significant=False) == "unknown"
+    assert samples.classify(1.05, 1.05, 0.05) == "same"
+    assert samples.classify(1.0500000000000003, 1.06, 0.05) == "unknown"
+    assert samples.classify(1.06, 1.07, 0.05) == "regressed"
+    assert samples.classify(1.06, 1.07, 0.05, significant=False) == "unknown"
     with pytest.raises(ValueError):
-        stats.classify(1.0, 1.0, -0.1)
+        samples.classify(1.0, 1.0, -0.1)
 
 
 def test_a_real_change_beyond_the_tolerance_is_called_without_the_whole_interval_beyond_it():
     # the interval excludes 1 and the estimate is past the tolerance: regressed
-    assert stats.classify(1.02, 1.09, 0.05, estimate=1.055) == "regressed"
-    assert stats.classify(0.91, 0.98, 0.05, estimate=0.94) == "improved"
-    assert stats.classify(0.91, 0.98, 0.05, estimate=0.94, higher_is_better=True) == "regressed"
+    assert samples.classify(1.02, 1.09, 0.05, estimate=1.055) == "regressed"
+    assert samples.classify(0.91, 0.98, 0.05, estimate=0.94) == "improved"
+    assert samples.classify(0.91, 0.98, 0.05, estimate=0.94, higher_is_better=True) == "regressed"
     # no real change shown (the interval holds 1), or too small to matter: measure more
-    assert stats.classify(0.99, 1.12, 0.05, estimate=1.06) == "unknown"
-    assert stats.classify(1.01, 1.07, 0.05, estimate=1.04) == "unknown"
-    assert stats.classify(1.01, 1.04, 0.05, estimate=1.02) == "same"
-    assert stats.classify(1.02, 1.09, 0.05, estimate=1.055, significant=False) == "unknown"
+    assert samples.classify(0.99, 1.12, 0.05, estimate=1.06) == "unknown"
+    assert samples.classify(1.01, 1.07, 0.05, estimate=1.04) == "unknown"
+    assert samples.classify(1.01, 1.04, 0.05, estimate=1.02) == "same"
+    assert samples.classify(1.02, 1.09, 0.05, estimate=1.055, significant=False) == "unknown"
 
 
 def test_comparison_to_dict_has_the_contract_keys():
@@ -185,7 +185,7 @@ def launches(seed, count, scale=1.0, launch_sigma=0.10, n=30):
 
 def test_launch_spread_is_weighed_where_pooled_steps_would_call_a_false_regression():
     base, new = launches(1, 6), launches(2, 6)
-    pooled = stats.median_ratio_interval([x for r in new for x in r], [x for r in base for x in r])
+    pooled = samples.median_ratio_interval([x for r in new for x in r], [x for r in base for x in r])
     judged = launchstats.compare_launches(new, base)
     # 180 tight steps a side: the pooled interval is far narrower than the
     # launch-to-launch scatter, the launch-level one is not.
@@ -233,8 +233,8 @@ def test_one_launch_a_side_cannot_separate_a_change_from_drift():
     each launch are tight, so pooled steps claimed "improved" at 95 %."""
     busy_baseline = [lognormal(31, 40, 1.6, sigma=0.02)]
     slowed_stack = [lognormal(32, 40, 1.15, sigma=0.02)]
-    pooled = stats.median_ratio_interval(*[[x for r in side for x in r]
-                                           for side in (slowed_stack, busy_baseline)])
+    pooled = samples.median_ratio_interval(*[[x for r in side for x in r]
+                                             for side in (slowed_stack, busy_baseline)])
     assert pooled.high < 0.95  # the steps' own interval: "improved" at 95 %
     for statistic in ("median", "floor"):
         cmp = launchstats.compare_launches(slowed_stack, busy_baseline, statistic=statistic)

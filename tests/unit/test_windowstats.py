@@ -1,4 +1,4 @@
-"""Verdicts from interleaved windows (perfsuite.judge.windowstats)."""
+"""Verdicts from interleaved windows (perfsuite.stats.windows)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from perfsuite.judge.windowstats import (
+from perfsuite.stats.windows import (
     MIN_QUADS,
     compare_windows,
     pair_estimate,
@@ -209,7 +209,7 @@ def test_the_order_model_covers_the_truth_about_as_often_as_it_says(order_effect
 def test_the_smallest_detectable_change_is_the_intervals_half_width():
     """What the scatter of a session resolves at its confidence: the pooled
     interval's half-width as a ratio, the same whatever the ratio itself."""
-    from perfsuite.judge.windowstats import detectable_change
+    from perfsuite.stats.windows import detectable_change
 
     rng = np.random.default_rng(7)
     quiet = compare_windows(noisy_pairs(rng, 1.0, pairs=4, sd=0.004), 0.02, 0.99)

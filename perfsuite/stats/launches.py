@@ -4,7 +4,7 @@ launches scatter, and a verdict between launches made at different times.
 Steps of one launch share its process and the machine's state during it, so
 comparisons between runs (a run against its baseline, run B against run A,
 side B against side A) take each launch as one observation. Pure functions
-of numbers, built on ``perfsuite.stats``.
+of numbers, built on ``perfsuite.stats.samples``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import numpy as np
 from scipy import stats as _sps
 
 from perfsuite.options import DEFAULT_LAUNCH_STATISTIC
-from perfsuite.stats import (
+from perfsuite.stats.samples import (
     DEFAULT_CONFIDENCE,
     DEFAULT_TOLERANCE,
     Comparison,

@@ -16,7 +16,7 @@ from (Welch-Satterthwaite): the quads' where the pairs agree, the pairs'
 where a launch effect dominates. Both levels are reported: each pair's
 ratio and interval, and the combined one.
 
-Pure functions of numbers (numpy, scipy), judged with ``stats.classify``.
+Pure functions of numbers (numpy, scipy), judged with ``samples.classify``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 from scipy import stats as _sps
 
-from perfsuite.stats import DEFAULT_CONFIDENCE, DEFAULT_TOLERANCE, classify
+from perfsuite.stats.samples import DEFAULT_CONFIDENCE, DEFAULT_TOLERANCE, classify
 
 ORDER = "ABBA"
 MIN_QUADS = 4  # a pair's own interval needs a few quads (3 d.o.f.)
