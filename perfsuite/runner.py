@@ -204,7 +204,7 @@ class Runner:
 
     def _load_finished(self) -> dict[str, dict[str, Any]]:
         """Cells an earlier run into the same directory measured fully."""
-        from perfsuite.results import load
+        from perfsuite.schemas.results import load
 
         if not (self.out_dir / "results.json").exists():
             return {}

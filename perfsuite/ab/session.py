@@ -69,8 +69,8 @@ from perfsuite.options import (
     DEFAULT_QUADS,
     DEFAULT_WINDOW_STEPS,
 )
-from perfsuite.results import SCHEMA as RESULTS_SCHEMA
 from perfsuite.results import merge_repeats
+from perfsuite.schemas.results import SCHEMA as RESULTS_SCHEMA
 from perfsuite.stats import launches as launchstats
 from perfsuite.stats.samples import DEFAULT_CONFIDENCE, DEFAULT_TOLERANCE
 from perfsuite.stats.windows import compare_windows, detectable_change, pair_estimate, quad_log_ratios

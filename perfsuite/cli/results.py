@@ -12,7 +12,7 @@ from perfsuite.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_UNDECIDED, UsageProbl
 
 
 def _load_run(path: Path) -> dict:
-    from perfsuite.results import load
+    from perfsuite.schemas.results import load
 
     try:
         return load(path)

@@ -63,13 +63,13 @@ def read_finished(results_path: Path | str) -> tuple[dict[str, Any], bytes]:
         if twice is not None:  # which of the two would the series take?
             raise HistoryError(f"{path}: cell {twice} appears twice in it; a results.json holds each cell "
                                "once: keep one of them, then add it")
-    from perfsuite import results as results_mod
+    from perfsuite.schemas.results import SCHEMA, load, validate
 
     try:
-        if isinstance(data, dict) and data.get("schema") == results_mod.SCHEMA:
-            results_mod.validate(data, path)
+        if isinstance(data, dict) and data.get("schema") == SCHEMA:
+            validate(data, path)
         else:  # not a results.json: load says what it is
-            results_mod.load(path)
+            load(path)
     except ValueError as err:
         raise HistoryError(str(err)) from None
     return data, raw

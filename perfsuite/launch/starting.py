@@ -46,7 +46,7 @@ from perfsuite.system.lifetime import die_with_me
 # torch._dynamo, torchrun's agent, the worker, and the results schema with the
 # jsonschema it checks a record with once the workload returns (imported there,
 # they were launch time after training in every rank).
-PRELOAD = ["torch", "torch._dynamo", "torch.distributed.run", "perfsuite.rank.worker", "perfsuite.results",
+PRELOAD = ["torch", "torch._dynamo", "torch.distributed.run", "perfsuite.rank.worker", "perfsuite.schemas.results",
            "jsonschema"]
 AGENT_PRELOAD = ["torch", "torch.distributed.run"]  # what an agent whose ranks exec needs
 # What a built-in workload's ranks import while they run, beyond its module:

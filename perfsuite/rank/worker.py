@@ -31,6 +31,7 @@ from typing import Any
 from perfsuite.cells import Cell
 from perfsuite.context import RankContext
 from perfsuite.rank.peers import is_peer_failure
+from perfsuite.schemas.results import metrics_problem
 from perfsuite.specs import resolve
 from perfsuite.system.atomic import atomic_write_json
 from perfsuite.system.lifetime import die_with_parent
@@ -178,8 +179,6 @@ def check_measured(measured: dict, workload: str, taken: set[str]) -> None:
         samples = entry.get("samples", [])
         if not isinstance(samples, list) or not all(_number(s) for s in samples):
             raise bad(f"metrics.{name}.samples", "is not a list of finite numbers")
-    from perfsuite.results import metrics_problem
-
     refused = metrics_problem(dict(metrics))  # what results.json would then refuse
     if refused:
         where, _, why = refused.partition(": ")

@@ -66,7 +66,7 @@ def write_reports(results_dir: Path | str, *, figure_dir: str | None = "figures"
     ``figure_dir``, unless None) next to a run's results.json."""
     from perfsuite.report.gallery import render_figures
     from perfsuite.report.tables import write_checks_csv, write_results_csv
-    from perfsuite.results import load
+    from perfsuite.schemas.results import load
 
     results_dir = Path(results_dir)
     if results_dir.name == "results.json":

@@ -38,8 +38,9 @@ from perfsuite.judge.judging import judge, needs_more_launches
 from perfsuite.judge.lookup import find_counters
 from perfsuite.judge.recording import record_run
 from perfsuite.launch.launch import LaunchOptions, run_cell
-from perfsuite.results import SCHEMA, merge_repeats
+from perfsuite.results import merge_repeats
 from perfsuite.runner import REMEASURE_ROUNDS
+from perfsuite.schemas.results import SCHEMA
 from perfsuite.stats import launches as launchstats
 from perfsuite.system.atomic import atomic_write_json
 

@@ -8,7 +8,7 @@ import pytest
 
 from perfsuite import cells
 from perfsuite.cli.main import main
-from perfsuite.results import SCHEMA
+from perfsuite.schemas.results import SCHEMA
 
 ENV = {"cpu_model": "Test CPU", "cpu_cores": 2, "gpu_count": 0, "torch": "2.14.0"}
 CELL = cells.get("smoke/image/ddp/c2/fp32/px32/nopin/nchw")
@@ -262,7 +262,7 @@ def test_list_json_gives_ids_and_params(capsys):
 
 def test_compare_json_prints_the_verdicts_and_keeps_the_exit_codes(tmp_path, capsys):
     from perfsuite.judge.comparing import compare_runs
-    from perfsuite.results import load
+    from perfsuite.schemas.results import load
 
     a = write_run(tmp_path / "a", 1.0, launches=4)
     c = write_run(tmp_path / "c", 1.25, seed=2, launches=4)

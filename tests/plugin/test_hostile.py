@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from perfsuite.cli.main import main as cli_main
-from perfsuite.results import SCHEMA
+from perfsuite.schemas.results import SCHEMA
 from tests.plugin.test_plugin import CELL_TEST
 from tests.unit.cellkit import survivors
 

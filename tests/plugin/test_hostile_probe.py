@@ -55,7 +55,7 @@ import pytest
 
 from perfsuite import cells
 from perfsuite.cli.main import main as cli_main
-from perfsuite.results import SCHEMA
+from perfsuite.schemas.results import SCHEMA
 from tests.unit.cellkit import survivors
 
 pytest_plugins = ["pytester"]
@@ -389,7 +389,7 @@ def zero_workload(t: Path) -> None:
 def zero_cell_kept(t: Path, text: str) -> None:
     """The cell is kept, failed, naming its step time; the run's results.json
     stays readable (the schema) and its report is written."""
-    from perfsuite import results
+    from perfsuite.schemas import results
 
     (cell,) = results.load(t / "out")["cells"]
     failed = [c["name"] for c in cell["checks"] if c["verdict"] == "fail"]
@@ -419,7 +419,7 @@ def _alive(pid: int) -> bool:
 
 
 def user_cell_kept(t: Path, text: str) -> None:
-    from perfsuite import results
+    from perfsuite.schemas import results
 
     (cell,) = results.load(t / "out")["cells"]
     assert cell["id"] == "user/test_user.py::test_leaves_helpers/c1" and cell["status"] == "ok", cell["reason"]
@@ -847,7 +847,7 @@ def said_checks(verdicts: Verdicts, case: Case, code: int, text: str, t: Path) -
 
 
 def check_launched(case: Case, session: SimpleNamespace) -> None:
-    from perfsuite import results
+    from perfsuite.schemas import results
 
     verdicts = Verdicts()
     said_checks(verdicts, case, session.code, session.text, session.folder)

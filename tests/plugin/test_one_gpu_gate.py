@@ -92,7 +92,7 @@ def test_unchanged_is_green_and_lists_the_cells_that_need_more_gpus_once(pyteste
     page = (pytester.path / "a" / "report.html").read_text()
     assert "2 cell(s) not run: they need 2-4 GPUs, 1 present" in page
     from perfsuite.report.markdown import summary_markdown
-    from perfsuite.results import load
+    from perfsuite.schemas.results import load
 
     job_summary = summary_markdown(load(pytester.path / "a"), "gate")
     assert "- 2 cell(s) not run: they need 2-4 GPUs, 1 present." in job_summary

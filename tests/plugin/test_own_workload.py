@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from perfsuite import results
+from perfsuite.schemas import results
 from tests.unit.cellkit import survivors
 
 pytest_plugins = ["pytester"]

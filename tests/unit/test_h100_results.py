@@ -32,7 +32,7 @@ from perfsuite.judge import baselines as bl
 from perfsuite.judge import recording
 from perfsuite.judge.checks import FindingRatio
 from perfsuite.judge.judging import judge
-from perfsuite.results import load
+from perfsuite.schemas.results import load
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 FIRST, SECOND = "h100-2026-11-25", "h100-2026-11-26"  # the days' folders under DATA

@@ -171,7 +171,8 @@ def test_commit_and_branch_default_to_git_then_to_the_runs_env(tmp_path):
 # so that their adds overlap.
 ADDER = textwrap.dedent("""
     import pathlib, sys, time
-    from perfsuite import hardware, results
+    from perfsuite import hardware
+    from perfsuite.schemas import results
     from perfsuite.history.store import record_run_in_history
     results._validator()
     url, barrier, jobs, me, paths = sys.argv[1], pathlib.Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5:]

@@ -8,6 +8,7 @@ import pytest
 
 from perfsuite import results
 from perfsuite.cells import Cell
+from perfsuite.schemas import results as results_schema
 
 
 def cell(**kw):
@@ -60,7 +61,7 @@ def test_gpu_busy_share_is_device_time_over_the_median_step_and_the_cell_takes_t
     assert [r["gpu_busy_share"] for r in out["ranks"]] == [0.95, 0.75]
     assert [r["h2d_copy_share"] for r in out["ranks"]] == [0.1, 0.25]
     assert out["gpu_busy_share"] == 0.75  # rank 1's GPU idled most
-    results.validate({"schema": results.SCHEMA, "cells": [out]})
+    results_schema.validate({"schema": results_schema.SCHEMA, "cells": [out]})
 
 
 def test_gpu_busy_share_is_unknown_without_device_time():
@@ -97,24 +98,24 @@ def test_results_file_schema_and_atomic_rewrite(tmp_path):
     store.add(first)  # a rerun replaces the earlier entry
     text = (tmp_path / "results.json").read_text()
     data = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-JSON {c}"))
-    assert data["schema"] == results.SCHEMA
+    assert data["schema"] == results_schema.SCHEMA
     assert set(data) == {"schema", "run", "env", "cells"}
     assert [c["status"] for c in data["cells"]] == ["skipped", "ok"]
     for entry in data["cells"]:
         assert {"id", "params", "status", "reason", "env", "metrics", "checks"} <= set(entry)
-        assert entry["status"] in results.STATUSES
+        assert entry["status"] in results_schema.STATUSES
         for metric in entry["metrics"].values():
             assert {"value", "unit"} <= set(metric)
     assert not list(tmp_path.glob(".results.json.*"))  # no temporary left behind
-    assert results.load(tmp_path)["cells"][1]["id"] == first["id"]
+    assert results_schema.load(tmp_path)["cells"][1]["id"] == first["id"]
 
 
 def test_load_names_a_bad_file(tmp_path):
     (tmp_path / "results.json").write_text("{oops")
     with pytest.raises(ValueError, match="results.json: not valid JSON"):
-        results.load(tmp_path)
+        results_schema.load(tmp_path)
     with pytest.raises(FileNotFoundError, match="--perf-out"):
-        results.load(tmp_path / "nowhere")
+        results_schema.load(tmp_path / "nowhere")
 
 
 def measured(samples, status="ok", **metrics):
@@ -179,13 +180,13 @@ def written_run(tmp_path):
 def test_the_schema_file_is_a_valid_draft_2020_12_schema():
     from jsonschema import Draft202012Validator
 
-    assert results.SCHEMA_FILE.is_file()
-    assert results.SCHEMA_FILE.parent == Path(results.__file__).parent / "schemas"  # package data
-    schema = json.loads(results.SCHEMA_FILE.read_text())
+    assert results_schema.SCHEMA_FILE.is_file()
+    assert results_schema.SCHEMA_FILE.parent == Path(results_schema.__file__).parent  # package data
+    schema = json.loads(results_schema.SCHEMA_FILE.read_text())
     Draft202012Validator.check_schema(schema)
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
-    assert schema["properties"]["schema"] == {"const": results.SCHEMA}
-    assert tuple(schema["$defs"]["cell"]["properties"]["status"]["enum"]) == results.STATUSES
+    assert schema["properties"]["schema"] == {"const": results_schema.SCHEMA}
+    assert tuple(schema["$defs"]["cell"]["properties"]["status"]["enum"]) == results_schema.STATUSES
 
 
 def test_a_results_file_as_written_validates(tmp_path):
@@ -197,9 +198,9 @@ def test_a_results_file_as_written_validates(tmp_path):
     assert data["cells"][1]["repeats"] == 2 and "launches" in data["cells"][1]["metrics"]["step_time"]
     assert data["cells"][0]["counters"]["per_step"] == {"flops": 20, "ops/aten::add": 6}
     assert data["cells"][0]["metrics"]["loss"]["samples"] == [2.3, None]  # NaN written as null
-    schema = json.loads(results.SCHEMA_FILE.read_text())
+    schema = json.loads(results_schema.SCHEMA_FILE.read_text())
     assert list(Draft202012Validator(schema).iter_errors(data)) == []
-    assert results.load(tmp_path)["cells"] == data["cells"]
+    assert results_schema.load(tmp_path)["cells"] == data["cells"]
 
 
 def real_runs():
@@ -213,7 +214,7 @@ def test_every_real_results_file_in_the_repository_validates():
     if not runs:
         pytest.skip("no results.json under .perfsuite/ or baselines/ (no run in this checkout)")
     for path in runs:
-        assert results.load(path)["schema"] == results.SCHEMA, path
+        assert results_schema.load(path)["schema"] == results_schema.SCHEMA, path
 
 
 def broken(tmp_path, change):
@@ -263,10 +264,10 @@ def test_a_wrong_shape_is_refused_naming_the_file_and_path(tmp_path, shape):
     change, where, what = WRONG_SHAPES[shape]
     path = broken(tmp_path, change)
     with pytest.raises(ValueError) as err:
-        results.load(tmp_path)
+        results_schema.load(tmp_path)
     message = str(err.value)
     assert f"{path}: {where}" in message and what in message, message
-    assert str(results.SCHEMA_FILE) in message and "--perf-out" in message  # what to do
+    assert str(results_schema.SCHEMA_FILE) in message and "--perf-out" in message  # what to do
     assert "Traceback" not in message and len(message) < 2000
 
 
@@ -277,26 +278,26 @@ def test_only_the_first_few_problems_are_listed(tmp_path):
 
     broken(tmp_path, strings)
     with pytest.raises(ValueError, match=r"cells/0/status: 'weird' is not one of") as err:
-        results.load(tmp_path / "results.json")
+        results_schema.load(tmp_path / "results.json")
     message = str(err.value)
-    assert message.count("is not one of") == results.MAX_PROBLEMS == 3
+    assert message.count("is not one of") == results_schema.MAX_PROBLEMS == 3
     assert "and 3 more problem(s)" in message
 
 
 def test_a_huge_wrong_value_is_not_printed_whole(tmp_path):
     path = broken(tmp_path, lambda d: _set(d, ["cells"], {f"c{i}": "x" * 100 for i in range(500)}))
     with pytest.raises(ValueError, match=f"{path}: cells: ") as err:
-        results.load(path)
+        results_schema.load(path)
     assert len(str(err.value)) < 2000
 
 
 def test_the_existing_messages_stay(tmp_path):
     (tmp_path / "results.json").write_text(json.dumps({"schema": "perfsuite.results/0", "cells": []}))
     with pytest.raises(ValueError, match=r"results.json: schema 'perfsuite.results/0', expected 'perfsuite.results/1'"):
-        results.load(tmp_path)
+        results_schema.load(tmp_path)
     (tmp_path / "results.json").write_text("[1, 2]")  # JSON, but not an object
     with pytest.raises(ValueError, match=r"results.json: a JSON array, expected an object"):
-        results.load(tmp_path)
+        results_schema.load(tmp_path)
 
 
 @pytest.mark.parametrize("command", [["compare", "{run}", "{run}"], ["report", "{run}"],

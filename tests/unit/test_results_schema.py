@@ -9,9 +9,9 @@ import math
 
 import pytest
 
-from perfsuite import results
 from perfsuite.cli.main import main
 from perfsuite.judge.comparing import compare_runs
+from perfsuite.schemas import results
 
 CPU_ENV = {"cpu_model": "AMD EPYC 9334", "cpu_cores": 2, "gpu_count": 0, "torch": "2.14.0"}
 CELL = "smoke/image/ddp-ds/c1/fp32/px32/nopin/nchw"

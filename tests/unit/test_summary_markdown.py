@@ -7,7 +7,7 @@ from pathlib import Path
 
 from perfsuite.cli import main as cli
 from perfsuite.report import markdown
-from perfsuite.results import load
+from perfsuite.schemas.results import load
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "h100-2026-11-25"
 
