@@ -56,7 +56,7 @@ def cache_problem(options: dict[str, str] | None = None) -> str | None:
     launch) and by ``perfsuite doctor``.
     ``options``: the workload options (``cache_dir`` names another cache)."""
     from perfsuite.context import default_cache_dir
-    from perfsuite.history.schema import folder_problem
+    from perfsuite.system.folders import folder_problem
 
     chosen = (options or {}).get("cache_dir")
     cache = Path(chosen).expanduser() if chosen else default_cache_dir()

@@ -21,6 +21,7 @@ from sqlalchemy import event
 
 from perfsuite.history.errors import HistoryError
 from perfsuite.history.rows import options_of_file, software_versions
+from perfsuite.system.folders import folder_problem
 
 SCHEMA_VERSION = 2
 DEFAULT_PATH = Path(".perfsuite") / "history.sqlite"
@@ -204,24 +205,6 @@ def sqlite_file(url: str) -> Path | None:
     if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
         return None
     return Path(parsed.database)
-
-
-def folder_problem(path: Path, what: str = "the store") -> str | None:
-    """Why a file at ``path`` (its folder made where missing) cannot be
-    written, or None; checked without writing anything (``os.access``: a
-    read-only mount says so to root too)."""
-    if path.is_dir():
-        return f"{path} is a folder, not a file"
-    if path.exists():
-        return None if os.access(path, os.R_OK | os.W_OK) else f"cannot write {what} {path}"
-    folder = path.parent
-    while not folder.exists() and folder != folder.parent:  # the folders made for it start here
-        folder = folder.parent
-    if not folder.is_dir():
-        return f"{folder} is a file, so {what} cannot be made under it"
-    if not os.access(folder, os.W_OK | os.X_OK):
-        return f"cannot write in {folder}" + (f", where {what} would be made" if folder != path.parent else "")
-    return None
 
 
 def check_usable(url: str) -> None:
