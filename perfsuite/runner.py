@@ -256,7 +256,7 @@ class Runner:
         if self.probe is None:
             from perfsuite.hardware import fingerprint, why_no_gpu
             from perfsuite.launch.launch import gpus_present, run_cell
-            from perfsuite.launch.probe import assess, probe_cell
+            from perfsuite.launch.preflight import assess, probe_cell
 
             ranks, reason = 2, "disabled"
             if device == "cuda" and self.probe_enabled:

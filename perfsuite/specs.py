@@ -3,7 +3,8 @@
 A cell's ``workload`` is one of
 
 - a built-in short name, ``image``, ``llm`` or ``probe``: the function
-  ``run`` of ``perfsuite.workloads.<name>`` (``BUILTIN``);
+  ``run`` of its module in ``perfsuite.workloads`` (``BUILTIN``: ``image``,
+  ``llm``, and ``preflight`` for the pre-flight probe);
 - ``package.module:function``: a function of the user's project, imported
   in the rank (the rank's working directory is the launcher's);
 - a name in the entry-point group ``perfsuite.workloads`` (``ENTRY_POINTS``):
@@ -31,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 BUILTIN = {"image": "perfsuite.workloads.image:run", "llm": "perfsuite.workloads.llm:run",
-           "probe": "perfsuite.workloads.probe:run"}
+           "probe": "perfsuite.workloads.preflight:run"}
 ENTRY_POINTS = "perfsuite.workloads"  # the entry-point group of installed workloads
 TEST_RUNNER = "perfsuite.plugin.ranktest:run"  # what a pytest node id resolves to
 

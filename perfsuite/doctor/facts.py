@@ -100,9 +100,9 @@ def tiny_launch(device: str) -> dict[str, Any]:
     interpreter's accepts, the worker, a rank record), one repetition: its
     status and reason, wall time, the tail of its output (launch.OUTPUT_TAIL_CHARS)
     and the last lines each rank printed."""
-    from perfsuite.launch import launch, probe
+    from perfsuite.launch import launch, preflight
 
-    cell = dataclasses.replace(probe.probe_cell(device, 1), warmup_steps=1, max_steps=1,
+    cell = dataclasses.replace(preflight.probe_cell(device, 1), warmup_steps=1, max_steps=1,
                                timeout_s=LAUNCH_TIMEOUT_S)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="perfsuite-doctor-launch-") as tmp:

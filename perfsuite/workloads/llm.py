@@ -19,7 +19,7 @@ the recipe's YAML config into the cell directory (``llm-recipe-rank<N>.yaml``)
 and calls the recipe's ``recipe_main`` with it in-process, exactly as ``tune
 run <recipe> --config <file>`` would. What the suite adds is all in that
 config as component paths: a metric logger that timestamps every step
-(``llm_probe.StepLogger``), a collate function that notes batch shapes, and
+(``llm_watch.StepLogger``), a collate function that notes batch shapes, and
 checkpointers that skip writing the trained model. ``llm_compat`` patches the
 few places where torchtune 0.6.1 cannot run here (CPU, torchao 0.13, one
 rank), outside the training math. How metrics are derived: ``llm_metrics``.
@@ -57,7 +57,7 @@ from perfsuite.workloads import (  # noqa: E402
     llm_compat,
     llm_config,
     llm_metrics,
-    llm_probe,
+    llm_watch,
 )
 
 
@@ -130,7 +130,7 @@ def _profiler_steps(profiler: Any, distributed: bool, rank: int) -> Iterator[Non
     distributed recipe that log none, after each optimizer step (torch's
     global hook, as the counting window counts them)."""
     if not distributed or rank == 0:
-        with llm_probe.stepping(profiler.step):
+        with llm_watch.stepping(profiler.step):
             yield
         return
     from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -177,26 +177,26 @@ def run(cell: Any, ctx: Any) -> dict[str, Any]:
     profiler = _step_profiler(cell, ctx, plan.distributed)
     with llm_compat.recipe_compat(recipe, cell.device, cell.strategy,
                                   plan.distributed) as patched, \
-            llm_probe.observe(recipe, cell.pin_memory) as probe, \
+            llm_watch.observe(recipe, cell.pin_memory) as watched, \
             profiler, _profiler_steps(profiler, plan.distributed, ctx.rank), \
             OptimizerStepWindow(cell.max_steps + 1, window, torch.device(ctx.device)) as counted:
         run_recipe(recipe, plan.config_path)
     summary = profiler.summary()
     # the first batch collated: where the recipe's set-up ended (wall clock, as the record's)
-    first_batch = llm_probe.BATCHES[0]["t"] if llm_probe.BATCHES else None
+    first_batch = llm_watch.BATCHES[0]["t"] if llm_watch.BATCHES else None
     training_started = (time.time() - (time.perf_counter() - first_batch)
                         if first_batch is not None else None)
     # the steps after the cell's own ran for the counting window: not timed
-    full_log = llm_probe.read_step_log(plan.step_log)
+    full_log = llm_watch.read_step_log(plan.step_log)
     step_log = full_log[:cell.max_steps if window else None]
-    batches = llm_probe.trained_batches(list(llm_probe.BATCHES), ran.epochs,
+    batches = llm_watch.trained_batches(list(llm_watch.BATCHES), ran.epochs,
                                         ran.max_steps)[:cell.max_steps if window else None]
     facts = model_facts(plan)
     metrics, steps, measured_info = llm_metrics.summarise(
         technique=cell.strategy, recipe=plan.recipe, device=torch.device(ctx.device),
         world_size=ctx.world_size, warmup=cell.warmup_steps, epochs=cell.epochs,
         step_log=step_log, batches=batches, model_facts=facts, precision=cell.precision)
-    info = {**plan.info, **measured_info, **probe, "model_params": facts["params"],
+    info = {**plan.info, **measured_info, **watched, "model_params": facts["params"],
             "trainable_params": facts["trainable_params"], "config_file": str(plan.config_path),
             "step_log": str(plan.step_log) if step_log else None,
             "compat_patches": patched, "count_window_steps": window,

@@ -94,7 +94,7 @@ def load_recipe(name: str) -> ModuleType:
     """The recipe file as a module, as ``tune run`` executes it but for ``__main__``.
 
     Loading it without running lets the run patch names it imported
-    (``llm_compat``, ``llm_probe``) before ``recipe_main`` is called.
+    (``llm_compat``, ``llm_watch``) before ``recipe_main`` is called.
     """
     path = recipes_dir() / f"{name}.py"
     if not path.is_file():
@@ -167,7 +167,7 @@ def build_plan(cell: Any, rank: int, world_size: int, out_dir: Path, options: di
         cache_dir)
     if llm_data.spec(dataset).kind == "sft":
         data_section["packed"] = False
-        cfg["collate_fn"] = "perfsuite.workloads.llm_probe.padded_collate_sft"
+        cfg["collate_fn"] = "perfsuite.workloads.llm_watch.padded_collate_sft"
     tokenizer, tokenizer_origin = llm_assets.tokenizer_section(size, options, cell.max_seq_len)
     checkpointer, weights_origin = llm_assets.checkpointer_section(size, options, cache_dir,
                                                                    output_dir)
@@ -185,7 +185,7 @@ def build_plan(cell: Any, rank: int, world_size: int, out_dir: Path, options: di
         gradient_accumulation_steps=1,
         resume_from_checkpoint=False,
         save_adapter_weights_only=True,
-        metric_logger={"_component_": "perfsuite.workloads.llm_probe.StepLogger",
+        metric_logger={"_component_": "perfsuite.workloads.llm_watch.StepLogger",
                        "path": str(step_log),
                        "total_steps": cell.max_steps * cell.epochs if cell.max_steps > 0 else 0},
         log_every_n_steps=1,

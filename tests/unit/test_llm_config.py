@@ -54,7 +54,7 @@ def test_config_carries_the_cell(technique, world, tmp_path, cache):
     assert cfg["optimizer"]["lr"] == 3e-4 and cfg["optimizer"]["fused"] is False
     assert cfg["device"] == "cpu" and cfg["dtype"] == "fp32" and cfg["compile"] is False
     assert cfg["log_every_n_steps"] == 1 and cfg["log_peak_memory_stats"] is False
-    assert cfg["metric_logger"] == {"_component_": "perfsuite.workloads.llm_probe.StepLogger",
+    assert cfg["metric_logger"] == {"_component_": "perfsuite.workloads.llm_watch.StepLogger",
                                     "path": str(tmp_path / f"llm-steps-rank{world - 1}.jsonl"),
                                     "total_steps": cell.max_steps * cell.epochs}
     assert cfg["tokenizer"]["max_seq_len"] == 256

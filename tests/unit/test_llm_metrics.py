@@ -1,4 +1,4 @@
-"""Metrics from a recipe's step log and batches; the probe; the compat patches."""
+"""Metrics from a recipe's step log and batches; what watches the recipe (llm_watch); the compat patches."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import types
 import pytest
 import torch
 
-from perfsuite.workloads import llm_compat, llm_metrics, llm_probe
+from perfsuite.workloads import llm_compat, llm_metrics, llm_watch
 
 FACTS = {"matmul_params": 1000, "adapter_params": 10, "layers": 2, "width": 8}
 
@@ -113,9 +113,9 @@ def test_too_few_steps_for_the_warmup_is_an_error():
 
 def test_trained_batches_drops_the_batch_fetched_after_the_cap():
     recs = [{"i": i} for i in range(2 * 5)]  # 2 epochs x (4 + 1) collated
-    assert [r["i"] for r in llm_probe.trained_batches(recs, 2, 4)] == [0, 1, 2, 3, 5, 6, 7, 8]
-    assert len(llm_probe.trained_batches(recs[:8], 2, 4)) == 8  # bottom-checked cap
-    assert len(llm_probe.trained_batches(recs[:7], 1, 0)) == 7  # no cap
+    assert [r["i"] for r in llm_watch.trained_batches(recs, 2, 4)] == [0, 1, 2, 3, 5, 6, 7, 8]
+    assert len(llm_watch.trained_batches(recs[:8], 2, 4)) == 8  # bottom-checked cap
+    assert len(llm_watch.trained_batches(recs[:7], 1, 0)) == 7  # no cap
 
 
 def test_flops_per_token_formulas():
@@ -140,30 +140,30 @@ def test_peak_follows_the_matmul_precision(name, known):
 
 
 def test_step_logger_records_and_writes(tmp_path):
-    logger = llm_probe.StepLogger(path=str(tmp_path / "steps.jsonl"))
+    logger = llm_watch.StepLogger(path=str(tmp_path / "steps.jsonl"))
     logger.log_dict({"loss": torch.tensor(1.5), "lr": 0.1}, step=1)
     logger.log("loss", 1.25, step=2)
     logger.close()
-    records = llm_probe.read_step_log(tmp_path / "steps.jsonl")
+    records = llm_watch.read_step_log(tmp_path / "steps.jsonl")
     assert [r["step"] for r in records] == [1, 2] and records[0]["loss"] == 1.5
     assert records[0]["t"] <= records[0]["t_done"] <= records[1]["t"]
-    llm_probe.LOGGERS.clear()
-    assert [r["loss"] for r in llm_probe.read_step_log(tmp_path / "steps.jsonl")] == [1.5, 1.25]
+    llm_watch.LOGGERS.clear()
+    assert [r["loss"] for r in llm_watch.read_step_log(tmp_path / "steps.jsonl")] == [1.5, 1.25]
 
 
 def test_observed_collates_count_batches():
     from torchtune.data import padded_collate_dpo
 
     recipe = types.SimpleNamespace(padded_collate_dpo=padded_collate_dpo)
-    with llm_probe.observe(recipe, pin_memory=True) as probe:
-        assert probe["pin_memory_effective"] is torch.cuda.is_available()
-        llm_probe.padded_collate_sft([{"tokens": [1, 2, 3], "labels": [1, 2, 3]},
+    with llm_watch.observe(recipe, pin_memory=True) as watched:
+        assert watched["pin_memory_effective"] is torch.cuda.is_available()
+        llm_watch.padded_collate_sft([{"tokens": [1, 2, 3], "labels": [1, 2, 3]},
                                       {"tokens": [4], "labels": [4]}], padding_idx=0)
         recipe.padded_collate_dpo([{"chosen_input_ids": [1, 2], "chosen_labels": [1, 2],
                                     "rejected_input_ids": [3], "rejected_labels": [3]}],
                                   padding_idx=0)
     assert recipe.padded_collate_dpo is padded_collate_dpo
-    sft, dpo = llm_probe.BATCHES
+    sft, dpo = llm_watch.BATCHES
     assert (sft["rows"], sft["seq_len"], sft["tokens"], sft["bytes"]) == (2, 3, 4, 2 * 6 * 8)
     assert (dpo["rows"], dpo["seq_len"], dpo["tokens"]) == (2, 2, 3)
 

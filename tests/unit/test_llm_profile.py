@@ -9,7 +9,7 @@ import torch
 
 from perfsuite.cells import Cell
 from perfsuite.profiling.torch_profile import PROFILE_DIR_ENV, PROFILER_ENV
-from perfsuite.workloads import llm, llm_probe
+from perfsuite.workloads import llm, llm_watch
 
 
 def _cell(**changes):
@@ -66,6 +66,6 @@ def test_a_rank_without_the_step_log_steps_with_its_optimizer(monkeypatch):
     with logged, llm._profiler_steps(logged, distributed=True, rank=0):
         _train(5)  # rank 0 steps with the recipe's log, not the optimizer
         for _ in range(4):
-            for hook in llm_probe.STEP_HOOKS:
+            for hook in llm_watch.STEP_HOOKS:
                 hook()
-    assert logged._steps_done == 4 and not llm_probe.STEP_HOOKS
+    assert logged._steps_done == 4 and not llm_watch.STEP_HOOKS

@@ -6,7 +6,7 @@ import textwrap
 import pytest
 
 from perfsuite import cells
-from perfsuite.launch.probe import assess, nvlink_topology, probe_cell
+from perfsuite.launch.preflight import assess, nvlink_topology, probe_cell
 
 H100 = "NVIDIA H100 80GB HBM3"
 PROBE_KNOWN = "probe" in cells.WORKLOADS

@@ -65,12 +65,14 @@ def test_built_in_names_are_functions_found_by_the_same_resolver():
         imported.append(name)
         return fake
 
+    modules = {"image": "image", "llm": "llm", "probe": "preflight"}  # the pre-flight probe's module
+    assert set(modules) == set(cells.WORKLOADS)
     for name in cells.WORKLOADS:
         assert specs.kind(name) == "builtin"
-        assert specs.target(name) == f"perfsuite.workloads.{name}:run"
+        assert specs.target(name) == f"perfsuite.workloads.{modules[name]}:run"
         assert specs.resolve(name, import_module) is fake.run
-        assert specs.resolve(f"perfsuite.workloads.{name}:run", import_module) is fake.run
-    assert imported == [f"perfsuite.workloads.{n}" for n in cells.WORKLOADS for _ in (1, 2)]
+        assert specs.resolve(f"perfsuite.workloads.{modules[name]}:run", import_module) is fake.run
+    assert imported == [f"perfsuite.workloads.{modules[n]}" for n in cells.WORKLOADS for _ in (1, 2)]
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
     assert declared[specs.ENTRY_POINTS] == specs.BUILTIN  # the same names in the same group
 

@@ -1,6 +1,6 @@
 """The preflight probe: its cell, and what its figures say about the node.
 
-A session runs the probe (``perfsuite.workloads.probe``) once before its
+A session runs the probe (``perfsuite.workloads.preflight``) once before its
 measured cells. ``assess`` compares the probe's figures with the datasheet
 peaks of the node's GPU (``perfsuite.rank.peaks``): a node that multiplies, copies
 or all-reduces at less than a set fraction of its datasheet figures is not

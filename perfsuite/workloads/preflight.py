@@ -15,7 +15,7 @@ excluded, medians over repetitions:
 
 Every rank returns the same figures, gathered over the process group: the
 slowest rank's matmul and copy, each all-reduce's slowest-rank time.
-perfsuite.launch.probe compares them with the datasheet peaks.
+perfsuite.launch.preflight compares them with the datasheet peaks.
 """
 
 from __future__ import annotations
