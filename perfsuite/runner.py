@@ -11,9 +11,26 @@ import time
 from pathlib import Path
 from typing import Any
 
+from perfsuite import hardware
 from perfsuite import options as options_mod
-from perfsuite.cells import Cell
+from perfsuite.cells import Cell, matrix
+from perfsuite.context import default_cache_dir
+from perfsuite.judge import judging
+from perfsuite.launch import launch as launching
+from perfsuite.launch import multinode
 from perfsuite.launch.launch import LaunchOptions
+from perfsuite.launch.preflight import assess, probe_cell
+from perfsuite.results import ResultsFile, merge_repeats
+from perfsuite.schemas.results import load
+from perfsuite.system import atomic
+from perfsuite.system.folders import folder_problem
+from perfsuite.system.locking import HOLDER_NAME, LOCK_NAME, FolderLock, LockBusy
+
+# Imported where they are used, not here: the baselines and recording
+# (perfsuite.judge.baselines, .recording: scipy, pandas) and the history
+# (perfsuite.history: SQLAlchemy). `perfsuite doctor` and the self-tests import
+# this module for cache_problem and REMEASURE_ROUNDS, and a session that keeps
+# no history never needs SQLAlchemy.
 
 
 def default_out_dir(root: Path | str = ".") -> Path:
@@ -55,9 +72,6 @@ def cache_problem(options: dict[str, str] | None = None) -> str | None:
     (``Runner.begin``: else each cell needing it would fail after its
     launch) and by ``perfsuite doctor``.
     ``options``: the workload options (``cache_dir`` names another cache)."""
-    from perfsuite.context import default_cache_dir
-    from perfsuite.system.folders import folder_problem
-
     chosen = (options or {}).get("cache_dir")
     cache = Path(chosen).expanduser() if chosen else default_cache_dir()
     named = ("--option cache_dir" if chosen else "$PERFSUITE_CACHE_DIR" if os.environ.get("PERFSUITE_CACHE_DIR")
@@ -128,8 +142,6 @@ class Runner:
         SessionError (or BaselineError) with the path and the fix."""
         if self._lock is not None:
             return
-        from perfsuite.system.locking import FolderLock, LockBusy
-
         out = self.out_dir
         if out.exists() and not out.is_dir():
             raise SessionError(f"output directory {out} is a file; give a directory to --out")
@@ -170,9 +182,6 @@ class Runner:
             raise SessionError(f"{problem}; {CACHE_FIX}")
 
     def _claim(self, out: Path) -> None:
-        from perfsuite.system.atomic import atomic_write_text
-        from perfsuite.system.locking import HOLDER_NAME, LOCK_NAME
-
         earlier = sorted(p.name for p in out.iterdir() if p.name not in (LOCK_NAME, HOLDER_NAME))
         if earlier and not (self.resume or self.overwrite):
             raise SessionError(
@@ -188,7 +197,7 @@ class Runner:
                     shutil.rmtree(path) if path.is_dir() else path.unlink()
         probe = out / ".perfsuite.write-test"
         try:  # a read-only mount or a full disk says so now, not after the first cell
-            atomic_write_text(probe, "perfsuite can write here\n")
+            atomic.atomic_write_text(probe, "perfsuite can write here\n")
             probe.unlink()
         except OSError as err:
             raise SessionError(f"output directory {out}: cannot write there "
@@ -204,8 +213,6 @@ class Runner:
 
     def _load_finished(self) -> dict[str, dict[str, Any]]:
         """Cells an earlier run into the same directory measured fully."""
-        from perfsuite.schemas.results import load
-
         if not (self.out_dir / "results.json").exists():
             return {}
         try:
@@ -221,10 +228,7 @@ class Runner:
     @property
     def file(self):
         if self._file is None:  # created on first use: runs without cells write nothing
-            from perfsuite.hardware import fingerprint
-            from perfsuite.results import ResultsFile
-
-            self._file = ResultsFile(self.out_dir, env=fingerprint())
+            self._file = ResultsFile(self.out_dir, env=hardware.fingerprint())
             # "complete" or "interrupted" at the session's end (finish); a file
             # still "running" was cut off by a kill: the history refuses both
             self._file.data["run"]["status"] = "running"
@@ -254,19 +258,15 @@ class Runner:
         GPU cells instead (``allow_no_gpu``: --perf-allow-no-gpu, --allow-no-gpu):
         a GPU session that measured nothing must not pass as a healthy node."""
         if self.probe is None:
-            from perfsuite.hardware import fingerprint, why_no_gpu
-            from perfsuite.launch.launch import gpus_present, run_cell
-            from perfsuite.launch.preflight import assess, probe_cell
-
             ranks, reason = 2, "disabled"
             if device == "cuda" and self.probe_enabled:
-                no_gpu = why_no_gpu()
+                no_gpu = hardware.why_no_gpu()
                 if no_gpu is not None and not getattr(self, "allow_no_gpu", False):
                     raise SessionError(f"the pre-flight probe of the GPUs cannot run: torch sees "
                                        f"no GPU: {no_gpu}. To skip the GPU cells instead, pass "
                                        "--perf-allow-no-gpu (pytest) or --allow-no-gpu "
                                        "(perfsuite run)")
-                present = 0 if no_gpu is not None else gpus_present()
+                present = 0 if no_gpu is not None else launching.gpus_present()
                 given = self.launch.gpus if self.launch.gpus is not None else range(present)
                 ranks = sum(g < present for g in given)  # the session's GPUs really here
                 reason = (f"no usable GPU: {no_gpu}" if no_gpu is not None else
@@ -275,17 +275,15 @@ class Runner:
                 self.probe = {"status": "skipped", "assessment": {"trusted": True},
                               "reason": reason}
             else:
-                result = run_cell(probe_cell(device, ranks), self.out_dir / "preflight",
-                                  self.launch)
-                result["assessment"] = assess(result, result.get("env") or fingerprint())
+                result = launching.run_cell(probe_cell(device, ranks), self.out_dir / "preflight",
+                                            self.launch)
+                result["assessment"] = assess(result, result.get("env") or hardware.fingerprint())
                 self.probe = result
             self.file.data["probe"] = self.probe
             self.file.write()
         return self.probe
 
     def _twin(self, params: dict[str, Any]) -> dict[str, Any]:
-        from perfsuite.cells import matrix
-
         twin = Cell.from_params(params)
         twin = matrix().get(twin.id, twin)  # the matrix's own cell of that id, if any
         return self.result(twin)
@@ -293,10 +291,8 @@ class Runner:
     def _judge(self, cell: Cell, result: dict[str, Any], assessment: dict[str, Any]) -> list[dict]:
         """The cell's checks; a failure while judging becomes a failed check,
         never the loss of the measured result."""
-        from perfsuite.judge.judging import judge
-
         try:
-            return judge(cell, result, self._twin, self.baseline_sets, assessment)
+            return judging.judge(cell, result, self._twin, self.baseline_sets, assessment)
         except Exception as err:  # noqa: BLE001 - the measurement stands, the check says why
             import traceback
 
@@ -306,30 +302,26 @@ class Runner:
                      "traceback": traceback.format_exc()}]
 
     def _measure(self, cell: Cell) -> dict[str, Any]:
-        from perfsuite.judge.judging import needs_more_launches
-        from perfsuite.launch.launch import run_cell
-        from perfsuite.results import merge_repeats
-
         assessment = self.preflight(cell.device).get("assessment", {})
         launches: list[dict[str, Any]] = []
         for round_ in range(REMEASURE_ROUNDS + 1):
             if self.repeats == 1:
-                result = run_cell(cell, self.out_dir, self.launch)
+                result = launching.run_cell(cell, self.out_dir, self.launch)
             else:  # launch k > 1 keeps its own directory: launch<k>/cells/<cell id>
-                launches += [run_cell(cell, self.out_dir / f"launch{k}" if k else self.out_dir,
-                                      self.launch)
+                launches += [launching.run_cell(cell, self.out_dir / f"launch{k}" if k else self.out_dir,
+                                                self.launch)
                              for k in range(len(launches), len(launches) + self.repeats)]
                 result = merge_repeats(launches)
             result["checks"] = self._judge(cell, result, assessment)
             if (round_ == REMEASURE_ROUNDS or self.repeats == 1
-                    or not needs_more_launches(result["checks"])):
+                    or not judging.needs_more_launches(result["checks"])):
                 break
         result["remeasured"] = round_
         from perfsuite.judge.recording import RECORD_LAUNCHES, lacks_time_baseline
 
         if self.record_new and self.repeats < RECORD_LAUNCHES and lacks_time_baseline(result):
             launches = launches or [result]
-            launches += [run_cell(cell, self.out_dir / f"launch{k}", self.launch)
+            launches += [launching.run_cell(cell, self.out_dir / f"launch{k}", self.launch)
                          for k in range(len(launches), RECORD_LAUNCHES)]
             result = merge_repeats(launches)
             result["checks"] = self._judge(cell, result, assessment)
@@ -420,8 +412,6 @@ def launch_options(*, data_dir: str | Path | None = None, options: list[str] = (
                    rdzv_id: str | None = None, slurm: bool = False,
                    rank_start: str | None = None) -> LaunchOptions:
     """LaunchOptions from command-line values (pytest's or perfsuite's)."""
-    from perfsuite.launch import multinode
-
     bad = [o for o in options if "=" not in o]
     if bad:
         raise ValueError(f"option {bad[0]!r}: expected KEY=VALUE")

@@ -14,6 +14,11 @@ from perfsuite import options
 from perfsuite.cli.exits import emit_json
 from perfsuite.cli.run import add_launch_group
 
+# perfsuite.ab (torch, scipy, pandas), perfsuite.runner (numpy) and
+# perfsuite.hardware: imported in the commands that use them. main imports
+# every cli module to build its parser, and the CLI's first screen (perfsuite
+# list, --help) imports nothing heavy.
+
 AB_EPILOG = """\
 Launches alternate A B B A, A B B A, ... and are judged after every round
 once each side has 4; a cell stops when its verdict is same, regressed or

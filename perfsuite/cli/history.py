@@ -9,8 +9,14 @@ import sys
 from pathlib import Path
 
 from perfsuite import options
+from perfsuite.cli import selftest as cli_selftest
 from perfsuite.cli.exits import emit_json
 from perfsuite.options import DEFAULT_MAX_PVALUE, DEFAULT_METRIC, DEFAULT_WINDOW, HISTORY_HELP, INCLUDE_HELP
+
+# perfsuite.history (SQLAlchemy, numpy) and perfsuite.report's pages: imported
+# in the commands that use them. main imports every cli module to build its
+# parser, and the CLI's first screen (perfsuite list, --help) imports nothing
+# heavy.
 
 EXIT_OK, EXIT_REGRESSED, EXIT_USAGE = 0, 1, 2
 LAUNCH_STATISTICS, DEFAULT_LAUNCH_STATISTIC = options.LAUNCH_STATISTICS, options.DEFAULT_LAUNCH_STATISTIC
@@ -274,8 +280,6 @@ def _series_options(p: argparse.ArgumentParser) -> None:
 def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     """``perfsuite history ...`` on the CLI's subparsers (imports nothing heavy:
     every perfsuite command builds this parser)."""
-    from perfsuite.cli import selftest as cli_selftest
-
     parser = subparsers.add_parser("history", help="runs kept per commit; change points in them")
     sub = parser.add_subparsers(dest="history_command", required=True, metavar="COMMAND")
 

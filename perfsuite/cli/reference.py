@@ -11,6 +11,9 @@ import argparse
 import re
 from collections.abc import Iterator
 
+from perfsuite import options, plugin
+from perfsuite.cli.main import build_parser
+
 HEADER = """# Command reference
 
 Every `perfsuite` command and option, with its default, and every pytest
@@ -80,8 +83,6 @@ def _commands(parser: argparse.ArgumentParser, path: str = "perfsuite"
 
 def _pytest_options() -> list[tuple[str, str, str]]:
     """(names, help, default) of the perfsuite group, as pytest registers it."""
-    from perfsuite import options, plugin
-
     found: list[tuple[str, str, str]] = []
 
     class Group:
@@ -105,8 +106,6 @@ def _pytest_options() -> list[tuple[str, str, str]]:
 
 
 def render() -> str:
-    from perfsuite.cli.main import build_parser
-
     parser = build_parser()
     out = [HEADER, "## Commands\n", "| command | what it does |", "|---|---|"]
     commands = list(_commands(parser))

@@ -10,6 +10,11 @@ from pathlib import Path
 from perfsuite import options
 from perfsuite.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_UNDECIDED, UsageProblem, emit_json
 
+# perfsuite.judge (scipy, pandas), perfsuite.report (matplotlib),
+# perfsuite.profiling and the results schema: imported in the commands that use
+# them. main imports every cli module to build its parser, and the CLI's first
+# screen (perfsuite list, --help) imports nothing heavy.
+
 
 def _load_run(path: Path) -> dict:
     from perfsuite.schemas.results import load

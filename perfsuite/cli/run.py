@@ -11,6 +11,11 @@ from perfsuite import cells as cells_mod
 from perfsuite import options
 from perfsuite.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, UsageProblem, emit_json
 
+# perfsuite.runner (numpy), perfsuite.judge (scipy, pandas), perfsuite.history
+# (SQLAlchemy) and perfsuite.report: imported in the commands that use them.
+# main imports every cli module to build its parser, and the CLI's first screen
+# (perfsuite list, --help) imports nothing heavy.
+
 HISTORY_HELP = ("history store the run is added to: an SQLite file or any SQLAlchemy URL, 'off' for none "
                 "(default: $PERFSUITE_HISTORY, else .perfsuite/history.sqlite)")
 

@@ -17,6 +17,11 @@ from perfsuite import options
 from perfsuite.cli.exits import EXIT_OK, EXIT_USAGE, emit_json
 from perfsuite.options import DEFAULT_MAX_PVALUE, HISTORY_HELP, INCLUDE_HELP
 
+# perfsuite.selftest (torch, scipy, pandas), perfsuite.history (SQLAlchemy) and
+# perfsuite.judge (scipy, pandas): imported in the commands that use them. main
+# imports every cli module to build its parser, and the CLI's first screen
+# (perfsuite list, --help) imports nothing heavy.
+
 COMMANDS = {  # subcommand: (its one-line help, its old command)
     "verdict-detection": ("false alarms and detection power of the verdicts (step time, work counters, "
                           "ab) on a real CPU cell with injected slowdowns", "perfsuite detection"),

@@ -23,6 +23,10 @@ from perfsuite import cells as cells_mod
 from perfsuite.cells import Cell
 from perfsuite.cli.exits import EXIT_OK, UsageProblem
 
+# perfsuite.judge (scipy, pandas): imported in the commands that use them. main
+# imports every cli module to build its parser, and the CLI's first screen
+# (perfsuite list, --help) imports nothing heavy.
+
 HOURS = 71  # a self-hosted runner's job limit, 72 h, less 1 h of setup: checkout, venv, probe, reports
 
 
