@@ -15,6 +15,7 @@ import numpy as np
 
 from perfsuite.cells import Cell
 from perfsuite.rank import counters
+from perfsuite.schemas.records import CellResult, RankRecord
 from perfsuite.schemas.results import SCHEMA, json_safe
 from perfsuite.stats.samples import summary
 from perfsuite.system.atomic import atomic_write_json
@@ -29,13 +30,13 @@ _MIN = {"throughput"}
 PER_STEP_SAMPLES = ("time_per_token", "tokens")
 
 
-def _base(cell: Cell, status: str, reason: str | None) -> dict[str, Any]:
+def _base(cell: Cell, status: str, reason: str | None) -> CellResult:
     return {"id": cell.id, "params": cell.params(), "status": status, "reason": reason,
             "env": {}, "metrics": {}, "checks": [], "ranks": []}
 
 
 def skipped_result(cell: Cell, reason: str, partner: bool = False,
-                   needs_gpus: tuple[int, int] | None = None) -> dict[str, Any]:
+                   needs_gpus: tuple[int, int] | None = None) -> CellResult:
     """A cell not measured here, and why. ``needs_gpus``: (needed, present),
     it needs that many GPUs (per node) and the machine has fewer: not run,
     which is no failure of the run (``perfsuite.judge.judging.unjudged``)."""
@@ -105,8 +106,8 @@ def _least_busy(shares: list[Any]) -> float | None:
     return min(known) if known else None
 
 
-def aggregate(cell: Cell, records: list[dict | None], *, status: str, reason: str | None,
-              duration_s: float) -> dict[str, Any]:
+def aggregate(cell: Cell, records: list[RankRecord | None], *, status: str, reason: str | None,
+              duration_s: float) -> CellResult:
     """One cell result from the rank records (None: the rank wrote none)."""
     result = _base(cell, status, reason)
     result["duration_s"] = duration_s
@@ -138,7 +139,7 @@ def aggregate(cell: Cell, records: list[dict | None], *, status: str, reason: st
     return result
 
 
-def merge_repeats(results: list[dict[str, Any]]) -> dict[str, Any]:
+def merge_repeats(results: list[CellResult]) -> CellResult:
     """One result from R launches of the same cell (``--perf-repeats``).
 
     Step times keep each launch's samples apart (``step_time.launches``), so a

@@ -21,6 +21,7 @@ from perfsuite.launch import multinode
 from perfsuite.launch.launch import LaunchOptions
 from perfsuite.launch.preflight import assess, probe_cell
 from perfsuite.results import ResultsFile, merge_repeats
+from perfsuite.schemas.records import CellResult
 from perfsuite.schemas.results import load
 from perfsuite.system import atomic
 from perfsuite.system.folders import folder_problem
@@ -301,7 +302,7 @@ class Runner:
                      "message": f"judging failed: {type(err).__name__}: {err}",
                      "traceback": traceback.format_exc()}]
 
-    def _measure(self, cell: Cell) -> dict[str, Any]:
+    def _measure(self, cell: Cell) -> CellResult:
         assessment = self.preflight(cell.device).get("assessment", {})
         launches: list[dict[str, Any]] = []
         for round_ in range(REMEASURE_ROUNDS + 1):
@@ -328,7 +329,7 @@ class Runner:
             result["remeasured"] = round_
         return result
 
-    def result(self, cell: Cell) -> dict[str, Any]:
+    def result(self, cell: Cell) -> CellResult:
         """The cell's judged result, measured on first request only."""
         if cell.id in self._results:
             return self._results[cell.id]
@@ -402,7 +403,7 @@ class Runner:
         return None
 
     @property
-    def results(self) -> list[dict[str, Any]]:
+    def results(self) -> list[CellResult]:
         return [r for r in self._results.values() if r.get("status") != "running"]
 
 

@@ -60,16 +60,10 @@ from perfsuite.cells import Cell
 from perfsuite.judge.checks import FAILING
 from perfsuite.judge.comparing import compare_runs
 from perfsuite.launch.launch import LaunchOptions, run_cell
-from perfsuite.options import (
-    AB_MODES as MODES,
-)
-from perfsuite.options import (
-    DEFAULT_LAUNCH_STATISTIC,
-    DEFAULT_MAX_PAIRS,
-    DEFAULT_QUADS,
-    DEFAULT_WINDOW_STEPS,
-)
+from perfsuite.options import AB_MODES as MODES
+from perfsuite.options import DEFAULT_LAUNCH_STATISTIC, DEFAULT_MAX_PAIRS, DEFAULT_QUADS, DEFAULT_WINDOW_STEPS
 from perfsuite.results import merge_repeats
+from perfsuite.schemas.records import ABRecord
 from perfsuite.schemas.results import SCHEMA as RESULTS_SCHEMA
 from perfsuite.stats import launches as launchstats
 from perfsuite.stats.samples import DEFAULT_CONFIDENCE, DEFAULT_TOLERANCE
@@ -179,7 +173,7 @@ class ABSession:
         self.path = self.out_dir / "ab.json"
         self.tolerance, self.statistic, self.max_launches = tolerance, statistic, max_launches
         self.log = log
-        self.data: dict[str, Any] = {
+        self.data: ABRecord = {
             "schema": SCHEMA, "started": time.time(), "finished": None, "argv": argv or [],
             "settings": {"tolerance": tolerance, "confidence": DEFAULT_CONFIDENCE,
                          "look_confidence": look_confidence(max_launches),

@@ -12,11 +12,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from perfsuite.judge.baselines import CounterBaseline, norm
 from perfsuite.judge.lookup import Expectation
 from perfsuite.rank import counters
+from perfsuite.schemas.records import CheckRecord
 from perfsuite.stats import launches as launchstats
 from perfsuite.stats.samples import (
     DEFAULT_CONFIDENCE,
@@ -68,10 +69,10 @@ class Verdict:
     def failed(self) -> bool:
         return self.verdict in FAILING
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> CheckRecord:
         """An entry of a cell's "checks" list; JSON-safe (no NaN or infinity)."""
-        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-                for k, v in asdict(self).items() if k != "missing" or v is not None}
+        return cast(CheckRecord, {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                                  for k, v in asdict(self).items() if k != "missing" or v is not None})
 
 
 def _fmt(x: float | None, unit: str = "") -> str:

@@ -11,6 +11,7 @@ import math
 from typing import Any
 
 from perfsuite.cells import Cell
+from perfsuite.schemas.records import CellResult, CheckRecord
 
 PASS, FAIL = "pass", "fail"
 
@@ -24,7 +25,7 @@ def _finite_positive(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 
 
-def sanity_checks(cell: Cell, result: dict[str, Any]) -> list[dict[str, Any]]:
+def sanity_checks(cell: Cell, result: CellResult) -> list[CheckRecord]:
     metrics = result.get("metrics", {})
     step = metrics.get("step_time", {})
     samples = step.get("samples") or []
@@ -129,7 +130,7 @@ def _loss_falls(curve: list[float]) -> tuple[bool, str]:
     return last < first, f"mean loss {first:.4g} over the first {third} steps, {last:.4g} over the last {third}"
 
 
-def target_checks(cell: Cell, result: dict[str, Any]) -> list[dict[str, Any]]:
+def target_checks(cell: Cell, result: CellResult) -> list[CheckRecord]:
     out = []
     curve = result.get("metrics", {}).get("loss", {}).get("samples") or []
     if cell.workload == "llm" and cell.tier == "smoke" and len(curve) >= 3:
@@ -147,7 +148,7 @@ def target_checks(cell: Cell, result: dict[str, Any]) -> list[dict[str, Any]]:
 UNTRUSTWORTHY = "untrustworthy"
 
 
-def baseline_checks(cell: Cell, result: dict[str, Any], twin_of, sets: list) -> list[dict]:
+def baseline_checks(cell: Cell, result: CellResult, twin_of, sets: list) -> list[CheckRecord]:
     """Checks against stored baselines; cross-cell ones get their twin's result."""
     from perfsuite.cells import findings
     from perfsuite.hardware import profile_id
@@ -167,7 +168,7 @@ def baseline_checks(cell: Cell, result: dict[str, Any], twin_of, sets: list) -> 
     return out
 
 
-def distrust(checks: list[dict], assessment: dict[str, Any]) -> list[dict]:
+def distrust(checks: list[CheckRecord], assessment: dict[str, Any]) -> list[CheckRecord]:
     """On a node the pre-flight probe flagged, a regression is not believed."""
     if assessment.get("trusted", True):
         return checks
@@ -180,8 +181,8 @@ def distrust(checks: list[dict], assessment: dict[str, Any]) -> list[dict]:
     return checks
 
 
-def judge(cell: Cell, result: dict[str, Any], twin_of=None, sets: list | None = None,
-          assessment: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def judge(cell: Cell, result: CellResult, twin_of=None, sets: list | None = None,
+          assessment: dict[str, Any] | None = None) -> list[CheckRecord]:
     """Every check of a measured cell, as entries of its "checks" list."""
     if result.get("status") != "ok":
         return []
@@ -191,12 +192,12 @@ def judge(cell: Cell, result: dict[str, Any], twin_of=None, sets: list | None = 
     return distrust(checks, assessment or {})
 
 
-def needs_more_launches(checks: list[dict[str, Any]]) -> bool:
+def needs_more_launches(checks: list[CheckRecord]) -> bool:
     """A step-time comparison the launches could not decide: launch more."""
     return any(c["verdict"] == "unknown" and c.get("name") == "step_time" for c in checks)
 
 
-def unjudged(result: dict[str, Any]) -> list[str]:
+def unjudged(result: CellResult) -> list[str]:
     """What a run that must judge (--fail-on-skipped) counts against this
     cell: a skipped cell, and each comparison that could not be made. Not
     a cell that needs more GPUs than the machine has (not runnable here, and
@@ -208,7 +209,7 @@ def unjudged(result: dict[str, Any]) -> list[str]:
             if c["verdict"] == "skipped" and not c.get("recorded")]
 
 
-def none_could_run(results: list[dict[str, Any]]) -> str | None:
+def none_could_run(results: list[CellResult]) -> str | None:
     """Why a run that must judge (--fail-on-skipped) judged nothing because
     no cell of it could run on this machine (each needs more GPUs), else None."""
     own = [r for r in results if not r.get("partner")]
@@ -218,7 +219,7 @@ def none_could_run(results: list[dict[str, Any]]) -> str | None:
             f"{own[0].get('gpus_present', 0)} present")
 
 
-def failures(result: dict[str, Any]) -> list[dict[str, Any]]:
+def failures(result: CellResult) -> list[CheckRecord]:
     return [c for c in result.get("checks", []) if c["verdict"] in (FAIL, "regressed")]
 
 

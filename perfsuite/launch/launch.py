@@ -28,6 +28,7 @@ from perfsuite import extras
 from perfsuite.cells import Cell
 from perfsuite.launch import agent, diagnose, multinode, starting, torchrun_options
 from perfsuite.results import aggregate, skipped_result
+from perfsuite.schemas.records import CellResult
 from perfsuite.system.atomic import atomic_write_json
 
 OUTPUT_TAIL_CHARS = 8000  # a forked launch's agent adds ~2 kB of its own report after the ranks' lines
@@ -341,7 +342,7 @@ def launcher_env() -> dict[str, str]:
             "PERFSUITE_LAUNCHER_HOST": socket.gethostname()}
 
 
-def not_runnable(cell: Cell, opts: LaunchOptions) -> dict[str, Any] | None:
+def not_runnable(cell: Cell, opts: LaunchOptions) -> CellResult | None:
     """The skipped result of a cell this machine cannot launch (a node plan
     that does not fit, GPUs it lacks), else None."""
     try:
@@ -365,7 +366,7 @@ def not_runnable(cell: Cell, opts: LaunchOptions) -> dict[str, Any] | None:
     return None
 
 
-def run_cell(cell: Cell, out_dir: Path, opts: LaunchOptions | None = None) -> dict[str, Any]:
+def run_cell(cell: Cell, out_dir: Path, opts: LaunchOptions | None = None) -> CellResult:
     """Run ``cell`` and return its result (a dict in the results schema)."""
     opts = opts or LaunchOptions()
     skipped = not_runnable(cell, opts)

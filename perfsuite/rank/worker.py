@@ -31,6 +31,7 @@ from typing import Any
 from perfsuite.cells import Cell
 from perfsuite.context import RankContext
 from perfsuite.rank.peers import is_peer_failure
+from perfsuite.schemas.records import RankRecord
 from perfsuite.schemas.results import metrics_problem
 from perfsuite.specs import resolve
 from perfsuite.system.atomic import atomic_write_json
@@ -215,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     ctx.progress = Progress(args.out / f"progress-rank{ctx.rank}")
     ctx.report_progress(0, "start")
-    record: dict = {"schema": RECORD_SCHEMA, "cell": cell.id, "rank": ctx.rank,
+    record: RankRecord = {"schema": RECORD_SCHEMA, "cell": cell.id, "rank": ctx.rank,
                     "world_size": ctx.world_size, "local_rank": ctx.local_rank,
                     "device": ctx.device, "pid": os.getpid(), "started": time.time(),
                     # which torchrun agent ran this rank, and for which launch
