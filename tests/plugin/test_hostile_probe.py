@@ -769,11 +769,17 @@ def no_launch(monkeypatch):
 
     started = []
 
-    def refuse(argv, *rest, **kw):
-        started.append(argv)
-        raise RuntimeError("the probe allows no launch here")
+    class Refuse:  # the starter every launch gets: it starts nothing
+        name, python, ran_once = "exec", sys.executable, {}
 
-    monkeypatch.setattr(starting, "start_agent", refuse)
+        def warm(self, cell, env):
+            pass
+
+        def start(self, argv, *rest, **kw):
+            started.append(argv)
+            raise RuntimeError("the probe allows no launch here")
+
+    monkeypatch.setattr(starting, "choose", lambda *args, **kw: (Refuse(), None))
     return started
 
 

@@ -166,7 +166,7 @@ def test_a_profile_cell_on_the_h100_layout_is_one_launch_under_torch_profiler(ro
     profile = ProfileSummary("torch", [ProfileRow("forward", "nvtx", 0.3, 3)], rank=0, steps=3).to_dict()
     launches = []
 
-    def start_agent(argv, log_fd, env, start, cell, python):
+    def start_agent(argv, log_fd, env):
         launches.append((argv, env))
         out = Path(argv[argv.index("--out") + 1])
         samples = [0.101, 0.102, 0.103]
@@ -181,8 +181,9 @@ def test_a_profile_cell_on_the_h100_layout_is_one_launch_under_torch_profiler(ro
         raise AssertionError("a second, profile-only launch")
 
     monkeypatch.setattr(launch, "gpus_present", lambda: 1)
-    monkeypatch.setattr(starting, "warm_zygote", lambda *args: None)
-    monkeypatch.setattr(starting, "start_agent", start_agent)
+    # torchrun's agent as a fresh interpreter (no zygote), whose launch is this fake
+    monkeypatch.setattr(starting, "choose", lambda opts, *rest, **kw: (starting.ExecStarter(opts.python), None))
+    monkeypatch.setattr(starting, "fresh_agent", start_agent)
     monkeypatch.setattr(fallback, "profile_with_torch", second_launch)
     cell = tiny_image_cell(device="cuda", world_size=1, profile=True)
     result = launch.run_cell(cell, root.parent / "out", launch.LaunchOptions())
