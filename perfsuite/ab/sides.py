@@ -67,26 +67,25 @@ def launch_settings(launch: LaunchOptions | None) -> dict[str, Any]:
             "nnodes": launch.nodes.nnodes, "slurm": launch.nodes.slurm}
 
 
-def parse_env(entries: list[str], flag: str) -> dict[str, str]:
-    """KEY=VALUE entries as a dict."""
-    env = {}
+def _key_values(entries: list[str], flag: str, example: str) -> dict[str, str]:
+    """KEY=VALUE entries as a dict; ``example``, a right one, for the message."""
+    pairs = {}
     for entry in entries:
         key, sep, value = entry.partition("=")
         if not sep or not key:
-            raise ABError(f"{flag} {entry!r}: give KEY=VALUE, e.g. {flag} OMP_NUM_THREADS=2")
-        env[key] = value
-    return env
+            raise ABError(f"{flag} {entry!r}: give KEY=VALUE, e.g. {flag} {example}")
+        pairs[key] = value
+    return pairs
+
+
+def parse_env(entries: list[str], flag: str) -> dict[str, str]:
+    """A side's environment, KEY=VALUE entries, as a dict."""
+    return _key_values(entries, flag, "OMP_NUM_THREADS=2")
 
 
 def parse_options(entries: list[str], flag: str) -> dict[str, str]:
     """A side's workload options, KEY=VALUE entries, as a dict."""
-    options = {}
-    for entry in entries:
-        key, sep, value = entry.partition("=")
-        if not sep or not key:
-            raise ABError(f"{flag} {entry!r}: give KEY=VALUE, e.g. {flag} fault=gpu-sleep:*:5:0.02")
-        options[key] = value
-    return options
+    return _key_values(entries, flag, "fault=gpu-sleep:*:5:0.02")
 
 
 def check_workload_options(side: Side, cells: list[Any]) -> None:
