@@ -54,6 +54,10 @@ def test_the_record_is_twenty_trials_of_the_benchmarks_defaults(record):
 
 
 def test_every_session_judged_again_by_abs_looks_gives_its_verdict(record):
+    judge_again(record)
+
+
+def judge_again(record: dict) -> None:
     """Pair 2 and each later pair is a look; a session stops at its first
     decided look or after 4 pairs. Every look before a session's last was
     undecided, and its last gives the verdict and interval recorded."""
