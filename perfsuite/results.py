@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from perfsuite.cells import Cell
+from perfsuite.profiling import ProfileSummary, merge_rank_summaries
 from perfsuite.rank import counters
 from perfsuite.schemas.records import CellResult, RankRecord
 from perfsuite.schemas.results import SCHEMA, json_safe
@@ -132,8 +133,6 @@ def aggregate(cell: Cell, records: list[RankRecord | None], *, status: str, reas
         result["info"] = good[0].get("info", {})
         profiles = [r["profile"] for r in good if r.get("profile")]
         if profiles:
-            from perfsuite.profiling import ProfileSummary, merge_rank_summaries
-
             merged = merge_rank_summaries([ProfileSummary.from_dict(p) for p in profiles])
             result["profile"] = merged.to_dict()
     return result

@@ -43,7 +43,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from perfsuite import hardware
 from perfsuite.cells import Cell
+from perfsuite.judge.baselines import BaselineError, load_all
+from perfsuite.judge.lookup import find_expectation
 from perfsuite.launch.launch import LaunchOptions, run_cell
 from perfsuite.rank.windows import RELEASE_ENV, SIDE_ENV, SOCKET_ENV
 from perfsuite.stats.windows import ORDER, window_value
@@ -158,10 +161,6 @@ def device_memory(cell: Cell, launch: LaunchOptions | None) -> int | None:
 def recorded_peak(cell: Cell) -> tuple[float | None, str]:
     """The cell's peak reserved memory recorded on this hardware, and where
     it is from (or why there is none)."""
-    from perfsuite import hardware
-    from perfsuite.judge.baselines import BaselineError, load_all
-    from perfsuite.judge.lookup import find_expectation
-
     try:
         sets = load_all()
     except BaselineError as err:

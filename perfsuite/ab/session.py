@@ -62,6 +62,7 @@ from perfsuite.judge.comparing import compare_runs
 from perfsuite.launch.launch import LaunchOptions, run_cell
 from perfsuite.options import AB_MODES as MODES
 from perfsuite.options import DEFAULT_LAUNCH_STATISTIC, DEFAULT_MAX_PAIRS, DEFAULT_QUADS, DEFAULT_WINDOW_STEPS
+from perfsuite.report.ab import write_ab_reports
 from perfsuite.results import merge_repeats
 from perfsuite.schemas.records import ABRecord
 from perfsuite.schemas.results import SCHEMA as RESULTS_SCHEMA
@@ -219,8 +220,6 @@ class ABSession:
             code = EXIT_INTERRUPTED
         self.data["exit_code"] = code
         self.write()
-        from perfsuite.report.ab import write_ab_reports
-
         for name, path in {"ab.json": self.path, **write_ab_reports(self.data, self.out_dir)}.items():
             self.log(f"{name}: {path}")
         return code

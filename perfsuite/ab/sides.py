@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from perfsuite.launch.launch import LaunchOptions
+from perfsuite.rank.faults import GPU_SLEEP, Fault
 
 # The side venv's own site-packages sorts '__editable__...' before this
 # name, so the side's editable install is found before the current one's.
@@ -95,8 +96,6 @@ def check_workload_options(side: Side, cells: list[Any]) -> None:
     text = side.workload_options.get("fault")
     if not text:
         return
-    from perfsuite.rank.faults import GPU_SLEEP, Fault
-
     flag = f"--{side.label}-option fault={text}"
     try:
         fault = Fault.parse(text)

@@ -29,7 +29,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from perfsuite import cells as cells_mod
+from perfsuite import extras, hardware
+from perfsuite.context import default_cache_dir
 from perfsuite.doctor import facts as doctor_facts
+from perfsuite.history.errors import HistoryError
+from perfsuite.history.schema import resolve_url, shown_url
+from perfsuite.history.store import check_store_usable
+from perfsuite.launch.starting import start_here
+from perfsuite.runner import CACHE_FIX, cache_problem
 
 GPU_TIERS = ("gate", "full")
 SHM_MIN_BYTES = 1 << 30  # Docker's default /dev/shm is 64 MB
@@ -62,9 +70,7 @@ class Check:
 # -- the checks ---------------------------------------------------------------
 
 def _tier_cells(tier: str | None) -> list:
-    from perfsuite import cells
-
-    return cells.select(tier=tier) if tier else cells.select(tier="all")
+    return cells_mod.select(tier=tier) if tier else cells_mod.select(tier="all")
 
 
 def _index_for(cuda: tuple[int, int] | None) -> str | None:
@@ -132,9 +138,7 @@ def _no_gpu_reason(torch: dict[str, Any]) -> str:
         return "torch cannot be imported"
     if torch.get("hip"):
         return f"this torch ({torch.get('version')}) is a ROCm build"
-    from perfsuite.hardware import why_no_gpu
-
-    return why_no_gpu() or "torch.cuda.device_count() is 0"
+    return hardware.why_no_gpu() or "torch.cuda.device_count() is 0"
 
 
 def check_gpus(torch: dict[str, Any], nvml: dict[str, Any], tier: str | None,
@@ -274,9 +278,6 @@ def check_shm(tier: str | None, cells: list | None = None, gpus: int = 0) -> Che
 
 
 def check_disk(tier: str | None, cells: list) -> Check:
-    from perfsuite.context import default_cache_dir
-    from perfsuite.runner import CACHE_FIX, cache_problem
-
     cache, unusable = default_cache_dir(), cache_problem()
     if unusable:  # perfsuite run and pytest refuse to begin: not a matter of free space
         return Check("disk", BLOCKER, unusable, CACHE_FIX)
@@ -316,7 +317,7 @@ def check_mnist(data_dir: Path | None, tier: str | None, cells: list) -> Check:
                      "pass --data-dir DIR holding train-images-idx3-ubyte, train-labels-idx1-ubyte, "
                      "t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte (gzipped or not)")
     fail = BLOCKER if tier == "full" else WARN
-    try:
+    try:  # torch and torchvision: here, so that a broken install is this check's answer
         from perfsuite.workloads.image_data import MNIST_FILES, _find, idx_problem
     except Exception as err:  # noqa: BLE001
         return Check("mnist", fail, f"cannot import the image workload ({type(err).__name__}: {err})",
@@ -350,8 +351,6 @@ def check_mnist(data_dir: Path | None, tier: str | None, cells: list) -> Check:
 def check_extras(tier: str | None, cells: list, history_url: str | None) -> Check:
     """perfsuite's extras: the llm extra for the tier's LLM cells (without it each
     fails, naming it), the postgres extra for a postgresql:// $PERFSUITE_HISTORY."""
-    from perfsuite import extras
-
     missing = doctor_facts.extras_missing()
     problems, fixes = [], []
     llm_cells = sum(c.workload == "llm" for c in cells)
@@ -361,9 +360,6 @@ def check_extras(tier: str | None, cells: list, history_url: str | None) -> Chec
         fixes.append(f"{extras.message('llm')} (or run only the image cells: perfsuite run --workload image, "
                      "pytest -k image)")
     if missing.get("postgres") and str(history_url or "").startswith(("postgres://", "postgresql")):
-        from perfsuite.history.errors import HistoryError
-        from perfsuite.history.schema import resolve_url, shown_url
-
         try:
             resolve_url(history_url)  # psycopg2, if installed, serves it instead
         except HistoryError:
@@ -382,8 +378,6 @@ def check_history(url: str | None) -> Check:
     """The store runs are added to unless told otherwise ($PERFSUITE_HISTORY,
     else the default file), checked as ``perfsuite run`` checks it before its
     first launch: one that cannot take a run stops it there."""
-    from perfsuite.history.store import HistoryError, check_store_usable
-
     named = "$PERFSUITE_HISTORY" if url else "the default store"
     try:
         shown = check_store_usable(url)
@@ -403,7 +397,6 @@ def check_launch(torch: dict[str, Any], tier: str | None) -> Check:
     done = doctor_facts.tiny_launch(device)
     what = f"a 1-rank torchrun launch of the probe on {device}"
     if done["status"] == "ok":  # and which rank start it ran: what that means for code run at import
-        from perfsuite.launch.starting import start_here
         return Check("launch", OK, f"{what} worked ({done['wall_s']:.1f} s){why_cpu}; {start_here()}")
     if done["status"] == "skipped":
         return Check("launch", WARN, f"{what} was skipped: {done['reason']}{why_cpu}")

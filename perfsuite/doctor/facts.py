@@ -20,6 +20,11 @@ from typing import Any
 
 import tomllib
 
+from perfsuite import extras
+from perfsuite.launch import launch, preflight
+from perfsuite.profiling.nsys import NsysConfigError, NsysNotFoundError, locate_nsys
+from perfsuite.profiling.nsys_installs import installed, where_searched
+
 NSYS_TIMEOUT_S = 120.0
 LAUNCH_TIMEOUT_S = 180.0
 SUPPORTED = ("torch", "torchvision")  # their ranges in pyproject.toml are the supported ones
@@ -89,8 +94,6 @@ def supported_versions() -> dict[str, str]:
 
 def extras_missing() -> dict[str, list[str]]:
     """Per extra of perfsuite (``perfsuite.extras``), its modules not installed here."""
-    from perfsuite import extras
-
     return {name: extras.missing(name) for name in extras.EXTRAS}
 
 
@@ -100,8 +103,6 @@ def tiny_launch(device: str) -> dict[str, Any]:
     interpreter's accepts, the worker, a rank record), one repetition: its
     status and reason, wall time, the tail of its output (launch.OUTPUT_TAIL_CHARS)
     and the last lines each rank printed."""
-    from perfsuite.launch import launch, preflight
-
     cell = dataclasses.replace(preflight.probe_cell(device, 1), warmup_steps=1, max_steps=1,
                                timeout_s=LAUNCH_TIMEOUT_S)
     started = time.monotonic()
@@ -172,9 +173,6 @@ def nsys_binary() -> tuple[Any, str]:
     $PERFSUITE_NSYS_BIN, else PATH, else NVIDIA's install folders) as an
     ``NsysInstall`` (its binary, where it was found, its QdstrmImporter), or
     None and why."""
-    from perfsuite.profiling.nsys import NsysConfigError, NsysNotFoundError, locate_nsys
-    from perfsuite.profiling.nsys_installs import where_searched
-
     try:
         return locate_nsys(), ""
     except NsysConfigError as err:
@@ -185,8 +183,6 @@ def nsys_binary() -> tuple[Any, str]:
 
 def nsys_others(chosen: Any) -> list[Any]:
     """The other installs in NVIDIA's folders, best first (``NsysInstall``)."""
-    from perfsuite.profiling.nsys_installs import installed
-
     real = os.path.realpath(chosen.binary) if chosen is not None else None
     return [i for i in installed() if os.path.realpath(i.binary) != real]
 

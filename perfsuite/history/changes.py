@@ -18,7 +18,11 @@ from typing import Any
 
 import numpy as np
 
+from perfsuite.history.edivisive import compute_change_points
 from perfsuite.history.store import DEFAULT_METRIC, Point
+from perfsuite.judge.baselines import HIGHER_IS_BETTER
+from perfsuite.rank import counters as counters_mod
+from perfsuite.stats.samples import shift_ratio_interval
 
 # Otava defaults to p 0.001 and windows of 50 commits. Measured by `perfsuite
 # selftest history-detection` (200 series): 0.001 called a change in 4-6 % of unchanged
@@ -30,8 +34,6 @@ DEFAULT_WINDOW = 20
 
 
 def higher_is_better(metric: str) -> bool:
-    from perfsuite.judge.baselines import HIGHER_IS_BETTER
-
     return metric in HIGHER_IS_BETTER
 
 
@@ -62,8 +64,6 @@ class Change:
 
 
 def _size(after: list[float], before: list[float]) -> Any:
-    from perfsuite.stats.samples import shift_ratio_interval
-
     try:
         return shift_ratio_interval(after, before)
     except ValueError:  # zero or negative values (a loss, an accuracy of 0): no ratio
@@ -71,8 +71,6 @@ def _size(after: list[float], before: list[float]) -> Any:
 
 
 def _counter_lines(good: Point, bad: Point) -> list[str] | None:
-    from perfsuite.rank import counters as counters_mod
-
     if not good.counters or not bad.counters:
         return None
     unstable = set(good.counters.get("unstable") or []) | set(bad.counters.get("unstable") or [])
@@ -86,8 +84,6 @@ def find_changes(points: list[Point], *, cell: str = "", metric: str = DEFAULT_M
                  min_change: float = 0.0, window: int = DEFAULT_WINDOW) -> list[Change]:
     """The change points of one series, oldest first, by Otava's E-Divisive
     (``perfsuite.history.edivisive.compute_change_points``)."""
-    from perfsuite.history.edivisive import compute_change_points
-
     values = [p.value for p in points]
     if len(values) < 3 or not all(math.isfinite(v) for v in values):
         return []

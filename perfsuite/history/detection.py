@@ -33,8 +33,11 @@ from typing import Any
 import numpy as np
 import sqlalchemy as sa
 
+from perfsuite import hardware
 from perfsuite.history.changes import DEFAULT_MAX_PVALUE, DEFAULT_WINDOW, find_changes
-from perfsuite.history.store import Point
+from perfsuite.history.rows import run_key, run_options
+from perfsuite.history.schema import runs
+from perfsuite.history.store import History, HistoryError, Point, run_purpose
 from perfsuite.stats.launches import LAUNCH_STATISTICS
 
 TARGETS = {"step": 19 / 20, "unchanged": 1 / 20, "drift": 16 / 20}
@@ -156,9 +159,6 @@ def _from_ab(runs_dir: Path, statistic: str) -> Noise | None:
 def _stored_purposes(url: str | None) -> dict[str, str]:
     """run key -> the purpose the history at ``url`` (None: the default
     store) keeps each run with; nothing where there is no store."""
-    from perfsuite.history.schema import runs
-    from perfsuite.history.store import History, HistoryError
-
     try:
         with History(url, create=False) as history, history.engine.connect() as conn:
             return dict(conn.execute(sa.select(runs.c.run_key, runs.c.purpose)).all())
@@ -169,9 +169,6 @@ def _stored_purposes(url: str | None) -> dict[str, str]:
 def _purpose_of(path: Path, data: dict[str, Any], stored: dict[str, str]) -> str:
     """A run's purpose: as the history keeps it, else as it would be stored
     (``experiment`` when its cells were launched with workload options)."""
-    from perfsuite.history.rows import run_key, run_options
-    from perfsuite.history.store import run_purpose
-
     try:
         key = run_key(data, path.read_bytes())
     except OSError:
@@ -229,9 +226,7 @@ def _grouped(per_cell: dict[str, list[tuple[int, float]]], statistic: str, sourc
 
 def _this_profile() -> str | None:
     try:
-        from perfsuite.hardware import fingerprint, profile_id
-
-        return profile_id(fingerprint())
+        return hardware.profile_id(hardware.fingerprint())
     except Exception:  # no torch, no machine facts: take every profile
         return None
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from perfsuite import options
 from perfsuite.history.errors import HistoryError
+from perfsuite.schemas.results import SCHEMA, load, validate
 
 # The software a run is measured with: kept apart from the machine's fingerprint.
 SOFTWARE_KEYS = ("python", "torch", "torchvision", "torchtune", "torchao", "perfsuite", "cuda",
@@ -63,8 +64,6 @@ def read_finished(results_path: Path | str) -> tuple[dict[str, Any], bytes]:
         if twice is not None:  # which of the two would the series take?
             raise HistoryError(f"{path}: cell {twice} appears twice in it; a results.json holds each cell "
                                "once: keep one of them, then add it")
-    from perfsuite.schemas.results import SCHEMA, load, validate
-
     try:
         if isinstance(data, dict) and data.get("schema") == SCHEMA:
             validate(data, path)

@@ -19,6 +19,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import event
 
+from perfsuite import extras
 from perfsuite.history.errors import HistoryError
 from perfsuite.history.rows import options_of_file, software_versions
 from perfsuite.system.folders import folder_problem
@@ -182,8 +183,6 @@ def resolve_url(url: str | os.PathLike | None) -> str:
                                "choose a store path in UTF-8 (--history or $PERFSUITE_HISTORY)") from None
         return sa.URL.create("sqlite", database=path).render_as_string(hide_password=False)
     if text.startswith(("postgresql://", "postgres://", "postgresql+psycopg://")):
-        from perfsuite import extras
-
         if text.startswith("postgresql+psycopg://") or not extras.installed("psycopg2"):
             absent = extras.missing("postgres")
             if absent:

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import sqlalchemy as sa
 
+from perfsuite.hardware import profile_id
 from perfsuite.history.errors import HistoryError
 from perfsuite.history.purpose import Purpose, left_out_line, parse_include, run_purpose, store_named  # noqa: F401 - the store's face
 from perfsuite.history.rows import (
@@ -132,8 +133,6 @@ class History:
             raise HistoryError(f"{results_path}: no commit: not in a git checkout and the run's env "
                                "names none; pass --commit SHA")
         branch = branch or git_branch(cwd)
-        from perfsuite.hardware import profile_id
-
         profile = profile_id(env)
         run_row = {"run_key": key, "commit_sha": commit, "branch": branch,
                    "started": finite_number((data.get("run") or {}).get("started")),

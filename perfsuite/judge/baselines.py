@@ -21,6 +21,7 @@ from typing import Any
 
 import pandas as pd
 
+from perfsuite import hardware
 from perfsuite.stats import launches as launchstats
 
 FORMAT = "perfsuite.baselines/1"
@@ -440,10 +441,9 @@ def run_cells(results: Mapping[str, Any] | list) -> list[dict]:  # results.json 
 
 def run_profile(results: Mapping[str, Any] | list) -> str | None:
     """Hardware profile id of a run, from its env (None when it has none)."""
-    from perfsuite.hardware import profile_id  # pure: needs no torch
     envs = ([results.get("env")] if isinstance(results, Mapping) else []) + [
         c.get("env") for c in run_cells(results)]
-    ids = {profile_id(e) for e in envs if e}
+    ids = {hardware.profile_id(e) for e in envs if e}
     if len(ids) > 1:
         raise BaselineError(f"the run mixes hardware profiles {sorted(ids)}; record each "
                             "profile's cells from its own run")

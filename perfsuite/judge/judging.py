@@ -10,8 +10,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from perfsuite.cells import Cell
+from perfsuite.cells import EXPERIMENTS_DIR, Cell, findings
+from perfsuite.hardware import profile_id
 from perfsuite.schemas.records import CellResult, CheckRecord
+
+# The baseline checks (perfsuite.judge.applicable, .checks: pandas, scipy) are
+# imported in baseline_checks: the runner imports this module, and `perfsuite
+# doctor` and the self-tests import the runner without judging a cell.
 
 PASS, FAIL = "pass", "fail"
 
@@ -81,7 +86,6 @@ def sanity_checks(cell: Cell, result: CellResult) -> list[CheckRecord]:
 def _image_limits() -> dict[str, Any]:
     import tomllib
 
-    from perfsuite.cells import EXPERIMENTS_DIR
     return tomllib.loads((EXPERIMENTS_DIR / "image.toml").read_text()).get("limits", {})
 
 
@@ -150,8 +154,6 @@ UNTRUSTWORTHY = "untrustworthy"
 
 def baseline_checks(cell: Cell, result: CellResult, twin_of, sets: list) -> list[CheckRecord]:
     """Checks against stored baselines; cross-cell ones get their twin's result."""
-    from perfsuite.cells import findings
-    from perfsuite.hardware import profile_id
     from perfsuite.judge.applicable import checks_for
     from perfsuite.judge.checks import FindingRatio
 

@@ -24,9 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from perfsuite import extras
+from perfsuite import extras, profiling
 from perfsuite.cells import Cell
 from perfsuite.launch import agent, diagnose, multinode, starting, torchrun_options
+from perfsuite.profiling import fallback
 from perfsuite.results import aggregate, skipped_result
 from perfsuite.schemas.records import CellResult
 from perfsuite.system.atomic import atomic_write_json
@@ -80,12 +81,10 @@ def profiler_mode(cell: Cell, opts: LaunchOptions) -> tuple[str, str]:
     in this session) gives torch.profiler from the start, the note saying
     why; $PERFSUITE_NSYS_BIN set to nothing executable raises
     NsysConfigError naming it."""
-    from perfsuite.profiling import choose_profiler
-
     requested = opts.profiler
     if requested is None:
         requested = "auto" if cell.profile else "off"
-    return choose_profiler(requested, cuda_available=cell.device == "cuda")
+    return profiling.choose_profiler(requested, cuda_available=cell.device == "cuda")
 
 
 def torchrun_argv(cell: Cell, directory: Path, opts: LaunchOptions, profiler: str = "off",
@@ -111,13 +110,11 @@ def torchrun_argv(cell: Cell, directory: Path, opts: LaunchOptions, profiler: st
     if rank_start == "fork" and profiler != "nsys":
         return argv + ["--start-method=fork", "--run-path", str(agent.FORKED_RANK), *args]
     if profiler == "nsys":  # each rank under its own `nsys profile`, one report per rank
-        from perfsuite.profiling import RANK_OUTPUT_PATTERN, nsys_profile_argv, resolve_nsys
-
         # The binary profiler_mode chose ($PERFSUITE_NSYS_BIN or PATH), by its
         # absolute path; nsys writes into directory/profile, which run_cell makes.
-        target = str(directory / "profile" / RANK_OUTPUT_PATTERN)
-        return argv + ["--no-python", *nsys_profile_argv([opts.python, *worker], target,
-                                                         nsys=resolve_nsys())]
+        target = str(directory / "profile" / profiling.RANK_OUTPUT_PATTERN)
+        return argv + ["--no-python", *profiling.nsys_profile_argv([opts.python, *worker], target,
+                                                                   nsys=profiling.resolve_nsys())]
     return argv + worker
 
 
@@ -224,19 +221,15 @@ def _attach_profile(result: dict[str, Any], mode: str, note: str, profile_dir: P
     timings standing."""
     result["profiler"] = {"mode": mode, "note": note}
     if mode == "nsys" and result["status"] == "ok":
-        from perfsuite.profiling import NsysError, NsysImportError, remember_import_failure, summarize_path
-
         try:
-            result["profile"] = summarize_path(profile_dir).to_dict()
-        except NsysImportError as err:
+            result["profile"] = profiling.summarize_path(profile_dir).to_dict()
+        except profiling.NsysImportError as err:
             # Later cells of this session go to torch.profiler from the start.
-            remember_import_failure(str(err))
+            profiling.remember_import_failure(str(err))
             result["profiler"]["error"] = str(err)
             if cell is not None and opts is not None:
-                from perfsuite.profiling.fallback import profile_with_torch
-
-                profile_with_torch(result, cell, opts, profile_dir, run_cell)
-        except (NsysError, OSError) as err:  # the timings stand without the profile
+                fallback.profile_with_torch(result, cell, opts, profile_dir, run_cell)
+        except (profiling.NsysError, OSError) as err:  # the timings stand without the profile
             result["profiler"]["error"] = str(err)
     if result.get("profile"):  # readable later with `perfsuite profile DIR`
         atomic_write_json(profile_dir / "summary.json", result["profile"])

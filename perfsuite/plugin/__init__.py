@@ -19,7 +19,10 @@ from perfsuite import cells as cells_mod  # stdlib and tomllib only: pytest_addo
 from perfsuite import options, specs
 from perfsuite.plugin import usercells
 
-if TYPE_CHECKING:  # the rest is imported in the functions that use it
+# The rest of perfsuite (the runner, judging, history, report: numpy, scipy,
+# pandas, SQLAlchemy) is imported in the hooks that use it: every pytest run in
+# the environment imports this plugin, and one that collects no cell pays for none.
+if TYPE_CHECKING:
     from perfsuite.runner import Runner
 
 SESSION_KEY = pytest.StashKey["Runner"]()

@@ -35,8 +35,12 @@ from typing import Any
 
 import pytest
 
+# Before the rank's pytest starts (this module's package, imported first anyway):
+# pytest rewrites the asserts of every module of a plugin's distribution imported
+# after, perfsuite's too (seconds a rank).
+import perfsuite.plugin  # noqa: F401
 from perfsuite.rank.peers import is_peer_failure
-from perfsuite.steps import Dist, Steps
+from perfsuite.steps import Dist, Steps, measuring_modules
 
 ROOTDIR_ENV, INIFILE_ENV = "PERFSUITE_PYTEST_ROOTDIR", "PERFSUITE_PYTEST_INIFILE"
 CURRENT: RankSession | None = None  # while pytest runs in this rank (perfsuite.plugin.usercells)
@@ -165,11 +169,6 @@ def _meet(ctx: Any) -> None:
 def run(cell: Any, ctx: Any) -> dict[str, Any]:
     """Run the cell's test in this rank; the measured part of its record."""
     global CURRENT
-    # Imported before pytest starts: pytest rewrites the asserts of every module
-    # of a plugin's distribution imported after, perfsuite's too (seconds a rank).
-    import perfsuite.plugin  # noqa: F401
-    from perfsuite.steps import measuring_modules
-
     measuring_modules()
     session = RankSession(cell, Dist.start(cell, ctx), Steps(cell, ctx))
     os.environ.pop("PYTEST_ADDOPTS", None)

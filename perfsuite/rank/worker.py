@@ -204,7 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     # during these milliseconds since exec; the watchdog sees to that case.)
     die_with_parent(os.getppid())
     watch_launcher()
-    from perfsuite.rank.meter import Progress  # imports torch
+    # Imported here, not at the top: perfsuite.rank.meter imports torch (after the
+    # two lines above), and perfsuite.hardware (~20 ms) is rank 0's alone.
+    from perfsuite.rank.meter import Progress
 
     args = parse_args(argv)
     cell = Cell.from_params(json.loads(args.cell_file.read_text()))

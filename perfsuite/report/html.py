@@ -19,8 +19,12 @@ from typing import Any
 
 from perfsuite.report import cellview as cv
 from perfsuite.report.formatting import fmt, fmt_bytes, quantity, sort_key
+from perfsuite.report.gallery import render_figures
 from perfsuite.report.page_data import report_context
 from perfsuite.report.plotting import ReportFigure
+from perfsuite.report.tables import write_checks_csv, write_results_csv
+from perfsuite.report.trends_page import trends_link  # the history's trends page, where there is one
+from perfsuite.schemas.results import load
 from perfsuite.system.atomic import atomic_write_text
 
 TEMPLATES = Path(__file__).with_name("templates")
@@ -44,11 +48,8 @@ def render_html(results: Mapping[str, Any], figures: list[ReportFigure] | None =
     """The page as a string; figures are drawn here unless given. ``base``, the
     run folder the page is written to, makes the links point at files that exist."""
     if figures is None:
-        from perfsuite.report.gallery import render_figures
-
         figures = render_figures(list(results.get("cells") or []))
     context = report_context(results, figures, Path(base) if base is not None else None)
-    from perfsuite.report.trends_page import trends_link  # the history's trends page, where there is one
     return _environment().get_template("report.html.j2").render(css=CSS, trends=trends_link(base), **context)
 
 
@@ -64,10 +65,6 @@ def write_reports(results_dir: Path | str, *, figure_dir: str | None = "figures"
                   ) -> dict[str, Path]:
     """results.csv, checks.csv and report.html (plus each figure as a PNG under
     ``figure_dir``, unless None) next to a run's results.json."""
-    from perfsuite.report.gallery import render_figures
-    from perfsuite.report.tables import write_checks_csv, write_results_csv
-    from perfsuite.schemas.results import load
-
     results_dir = Path(results_dir)
     if results_dir.name == "results.json":
         results_dir = results_dir.parent

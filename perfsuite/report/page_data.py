@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from perfsuite.judge.recording import fingerprint
+from perfsuite.rank.counters import headline
 from perfsuite.report import cellview as cv
 from perfsuite.report.formatting import fmt, fmt_bytes, quantity, sort_key, utc_time
 from perfsuite.report.page_checks import BAD, FOREST_RANGE, GOOD, against_baseline, attention, check_row
@@ -28,7 +30,6 @@ TRACE_SUFFIXES = (".trace.json", ".trace.json.gz", ".pt.trace.json", ".nsys-rep"
 def _fingerprint(env: Mapping[str, Any]) -> str:
     """The baselines' short hash of hardware and software, to match runs by eye."""
     try:
-        from perfsuite.judge.recording import fingerprint
         return fingerprint(env)
     except Exception:  # noqa: BLE001 - the page is still worth having without it
         return "–"
@@ -217,8 +218,6 @@ def _attribution(deltas: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 def _counters(counted: Mapping[str, Any]) -> dict[str, Any]:
     """A cell's work counters per step (summed over its ranks)."""
-    from perfsuite.rank.counters import headline
-
     unstable = counted.get("unstable") or []
     note = (f"per training step, summed over {counted.get('ranks', 1)} rank(s), counted over "
             f"{counted.get('window_steps')} steps after the timed ones"

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from perfsuite.judge import baselines
+
 _NUMERIC = ("world_size", "image_size", "batch_size", "epochs", "value", "low", "high")
 
 
@@ -86,8 +88,6 @@ def _read_tables_directly(folder: Path) -> dict[str, pd.DataFrame]:
 def load_paper_reference(root: Path | str | None = None) -> PaperReference:
     """The first paper baseline folder under ``root`` (default: the repository's
     baselines); an empty reference when there is none, so figures still draw."""
-    from perfsuite.judge import baselines
-
     root = Path(root) if root is not None else baselines.default_root()
     if not root.is_dir():
         return PaperReference()

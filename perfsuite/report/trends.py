@@ -26,6 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import sqlalchemy as sa
+
+from perfsuite.history.changes import DEFAULT_MAX_PVALUE, DEFAULT_WINDOW, find_changes
+from perfsuite.history.rows import DEFAULT_LAUNCH_STATISTIC, launch_key
+from perfsuite.history.schema import metrics as metrics_table
+from perfsuite.report.plotting import PALETTE, figure_legend, new_figure, png_bytes
+
 TEMPLATES = Path(__file__).with_name("templates")
 DEFAULT_NAME = "trends.html"
 DEFAULT_METRICS = ("step_time",)
@@ -65,11 +72,6 @@ def _matching(history: Any, cells: Sequence[str] | None, metric: str, since: str
 
 def _stored_spread(history: Any, metric: str, statistic: str) -> dict[tuple[int, str], tuple[float | None, list]]:
     """(run id, cell) -> (IQR of the run's samples, its launch values) of ``metric``."""
-    import sqlalchemy as sa
-
-    from perfsuite.history.rows import launch_key
-    from perfsuite.history.schema import metrics as metrics_table
-
     query = sa.select(metrics_table.c.run_id, metrics_table.c.cell, metrics_table.c.iqr,
                       metrics_table.c.launches).where(metrics_table.c.metric == metric)
     with history.engine.connect() as conn:
@@ -88,8 +90,6 @@ def _finite(value: Any) -> bool:
 
 def launch_values_phrase(metric: str, statistic: str) -> str:
     """What a repeated run takes of each launch, in the header's and the captions' words."""
-    from perfsuite.history.rows import launch_key  # as the series read the store
-
     return "launch floors (fastest steps)" if launch_key(metric, statistic) == "floors" else "launch medians"
 
 
@@ -122,9 +122,6 @@ def read_trends(history: Any, cells: Sequence[str] | None = None,
     """Every series of the given cells (ids or globs; None: all) and metrics,
     with its change points and error bars; of the runs stored as ``run``,
     and of the purposes in ``include`` (``experiment``, ``ad-hoc``)."""
-    from perfsuite.history.changes import DEFAULT_MAX_PVALUE, DEFAULT_WINDOW, find_changes
-    from perfsuite.history.rows import DEFAULT_LAUNCH_STATISTIC
-
     statistic = launch_statistic or DEFAULT_LAUNCH_STATISTIC
     trends = []
     for metric in dict.fromkeys(metrics):
@@ -195,8 +192,6 @@ def trend_figure(cell: str, metric: str, trends: Sequence[Trend]):
     """One cell and metric: every profile's series over the commits."""
     from matplotlib.lines import Line2D
 
-    from perfsuite.report.plotting import PALETTE, figure_legend, new_figure
-
     order = commit_order(trends)
     xs_of = {c: x for x, c in enumerate(order)}
     unit = next((p.unit for t in trends for p in t.points if p.unit), None)
@@ -266,6 +261,4 @@ def trend_figure(cell: str, metric: str, trends: Sequence[Trend]):
 
 
 def trend_png(cell: str, metric: str, trends: Sequence[Trend]) -> bytes:
-    from perfsuite.report.plotting import png_bytes
-
     return png_bytes(trend_figure(cell, metric, trends))

@@ -16,6 +16,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from perfsuite.history.changes import DEFAULT_MAX_PVALUE, DEFAULT_WINDOW, regressed_at_head
+from perfsuite.history.rows import DEFAULT_LAUNCH_STATISTIC
+from perfsuite.history.schema import DEFAULT_PATH, resolve_url, shown_url, sqlite_file
+from perfsuite.history.store import History, when
 from perfsuite.report.formatting import fmt, fmt_bytes, quantity, sort_key, utc_time
 from perfsuite.report.trends import (
     DEFAULT_METRICS,
@@ -31,8 +35,6 @@ from perfsuite.system.atomic import atomic_write_text
 
 
 def _commit(point: Any) -> dict[str, Any]:
-    from perfsuite.history.store import when
-
     return {"short": point.commit[:12], "full": point.commit, "time": when(point.time),
             "value": quantity(point.value, point.unit), "sort": sort_key(point.time)}
 
@@ -82,8 +84,6 @@ def _figure(cell: str, metric: str, trends: list[Trend], statistic: str) -> dict
 def trends_context(trends: list[Trend], *, store: str, metrics: Sequence[str],
                    cells: Sequence[str] | None, settings: dict[str, Any]) -> dict[str, Any]:
     """Plain values for templates/trends.html.j2."""
-    from perfsuite.history.changes import regressed_at_head
-
     statistic = settings["launch_statistic"]
     by_cell: dict[str, dict[str, list[Trend]]] = {}
     for t in trends:
@@ -135,8 +135,6 @@ def render_trends(context: dict[str, Any]) -> str:
 def default_out(url: str | os.PathLike | None) -> Path:
     """trends.html beside the store's SQLite file (``.perfsuite/trends.html``
     for the default store), else in the current directory."""
-    from perfsuite.history.schema import resolve_url, sqlite_file
-
     path = sqlite_file(resolve_url(url))
     return path.with_name(DEFAULT_NAME) if path is not None else Path(DEFAULT_NAME)
 
@@ -162,11 +160,6 @@ def write_trends_page(url: str | os.PathLike | None, out_path: Path | str | None
                       include: Sequence[str] = ()) -> tuple[Path, list[Trend]]:
     """``write_trends``, returning the series the page shows as well. Raises
     LookupError, writing nothing, when ``cells`` match no series."""
-    from perfsuite.history.changes import DEFAULT_MAX_PVALUE, DEFAULT_WINDOW
-    from perfsuite.history.rows import DEFAULT_LAUNCH_STATISTIC
-    from perfsuite.history.schema import shown_url
-    from perfsuite.history.store import History
-
     cells = [cells] if isinstance(cells, str) else list(cells or []) or None
     metrics = [metrics] if isinstance(metrics, str) else list(metrics or DEFAULT_METRICS)
     out_path = Path(out_path) if out_path is not None else default_out(url)
@@ -195,8 +188,6 @@ def trends_link(base: Path | str | None) -> dict[str, Any] | None:
     the default history store (``.perfsuite/history.sqlite`` here) is,
     relative to the page, and whether it has been written; None when there
     is no such store."""
-    from perfsuite.history.schema import DEFAULT_PATH
-
     if base is None:
         return None
     store = Path.cwd() / DEFAULT_PATH

@@ -34,10 +34,12 @@ import numpy as np
 
 from perfsuite import cells, options
 from perfsuite.judge.baselines import load_all
+from perfsuite.judge.checks import WorkCountersUnchanged
 from perfsuite.judge.judging import judge, needs_more_launches
 from perfsuite.judge.lookup import find_counters
 from perfsuite.judge.recording import record_run
 from perfsuite.launch.launch import LaunchOptions, run_cell
+from perfsuite.rank.faults import CALIBRATION_STEPS, GPU_SLEEP
 from perfsuite.results import merge_repeats
 from perfsuite.runner import REMEASURE_ROUNDS
 from perfsuite.schemas.results import SCHEMA
@@ -255,8 +257,6 @@ def measure_counter_detection(trials: int = 20, cell_id: str = DEFAULT_CELL,
     single launch of each condition judged by the work-counter check, and
     one launch without a counting window (``count_steps=0``) beside an
     unchanged one, for the window's share of a launch's wall time."""
-    from perfsuite.judge.checks import WorkCountersUnchanged
-
     cell = cells.get(cell_id)
     work = Path(work_dir or tempfile.mkdtemp(prefix="perfsuite-counters-"))
     reference = run_cell(cell, work / "reference", LaunchOptions())
@@ -318,8 +318,6 @@ def ab_fault(kind: str, cell: cells.Cell, slowdown: float) -> str:
     """Side B's fault option for a slowdown: ``slow`` (host time after every
     step), or ``gpu-sleep`` (device time after every optimizer step, sized
     from the warm-up's steps: perfsuite.rank.faults)."""
-    from perfsuite.rank.faults import CALIBRATION_STEPS, GPU_SLEEP
-
     if kind == "slow":
         return f"slow:*:0:{slowdown}"
     if kind == GPU_SLEEP:
@@ -342,7 +340,7 @@ def measure_ab_detection(trials: int = 20, cell_id: str = DEFAULT_CELL, steps: i
     ``perfsuite ab``; ``resident`` holds its window_steps, quads, max_pairs).
     ``fault_kind`` slows side B by host time (``slow``) or, on a CUDA cell,
     by device time (``gpu-sleep``: ``ab_fault``)."""
-    from perfsuite.ab.session import ABSession, python_side
+    from perfsuite.ab.session import ABSession, python_side  # torch (ab.resident): the A/B trials' alone
 
     conditions = ab_conditions(slowdowns)
     cell = cells.get(cell_id).replace(max_steps=steps)

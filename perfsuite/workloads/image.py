@@ -28,6 +28,7 @@ from torchvision.models import mobilenet_v2
 
 from perfsuite.cells import Cell
 from perfsuite.context import RankContext
+from perfsuite.profiling.torch_profile import StepProfiler
 from perfsuite.rank import counting, faults
 from perfsuite.rank.meter import (
     DataWaits,
@@ -251,8 +252,6 @@ PROFILED_STEPS = 10  # a window, not the whole run: traces grow with every step
 
 def _step_profiler(cell: Cell, ctx: RankContext):
     """The launcher's profiler choice, windowed on the first measured steps."""
-    from perfsuite.profiling.torch_profile import StepProfiler
-
     measured = max(cell.epochs * (cell.max_steps or 10**9) - cell.warmup_steps, 1)
     warmup = min(cell.warmup_steps, 1)
     return StepProfiler.from_env(rank=ctx.rank, wait=cell.warmup_steps - warmup,

@@ -52,6 +52,8 @@ from perfsuite.extras import require
 # with an ImportError from deep inside torchtune's imports.
 require("llm")
 
+from perfsuite.profiling.torch_profile import StepProfiler  # noqa: E402
+from perfsuite.rank.counting import DEFAULT_WINDOW_STEPS, OptimizerStepWindow  # noqa: E402
 from perfsuite.workloads import (  # noqa: E402
     llm_assets,
     llm_compat,
@@ -111,8 +113,6 @@ def _step_profiler(cell: Any, ctx: Any, distributed: bool):
     every rank has its own capture, which opens and closes where its
     profiler does: those ranks step with their optimizer (_profiler_steps).
     """
-    from perfsuite.profiling.torch_profile import StepProfiler
-
     warmup = min(cell.warmup_steps, 1)
     steps = cell.max_steps * cell.epochs if cell.max_steps > 0 else 10**9
     window = int(ctx.options.get("profile_steps", PROFILED_STEPS))
@@ -147,8 +147,6 @@ def counting_steps(cell: Any, options: dict[str, str]) -> int:
     runs that many more (and one between, uncounted, so no timed step's end
     falls inside the window). A recipe caps steps per epoch, so only
     one-epoch cells with a step cap get a window."""
-    from perfsuite.rank.counting import DEFAULT_WINDOW_STEPS
-
     if cell.epochs != 1 or cell.max_steps <= 0:
         return 0
     return int(options.get("count_steps", DEFAULT_WINDOW_STEPS))
@@ -157,8 +155,6 @@ def counting_steps(cell: Any, options: dict[str, str]) -> int:
 def run(cell: Any, ctx: Any) -> dict[str, Any]:
     """Run ``cell`` on this rank; returns metrics, measured steps and info."""
     import torch
-
-    from perfsuite.rank.counting import OptimizerStepWindow
 
     if ctx.world_size != cell.world_size:
         raise ValueError(f"cell {cell.id} wants {cell.world_size} ranks, launched with "

@@ -35,6 +35,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from perfsuite.system import atomic
 from perfsuite.workloads import llm_assets, llm_data
 
 CONFIGS_DIR_HINT = "recipes/configs (installed beside the torchtune package)"
@@ -221,7 +222,5 @@ def build_plan(cell: Any, rank: int, world_size: int, out_dir: Path, options: di
 def write_config(plan: RecipePlan) -> Path:
     from omegaconf import OmegaConf
 
-    from perfsuite.system.atomic import atomic_write_text
-
-    atomic_write_text(plan.config_path, OmegaConf.to_yaml(OmegaConf.create(plan.config)))
+    atomic.atomic_write_text(plan.config_path, OmegaConf.to_yaml(OmegaConf.create(plan.config)))
     return plan.config_path

@@ -38,6 +38,7 @@ import math
 import statistics
 from typing import Any
 
+from perfsuite.rank import peaks
 from perfsuite.rank.meter import metric, peak_memory
 
 
@@ -45,8 +46,6 @@ def peak_flops(device_name: str, precision: str, tf32: bool) -> float | None:
     """Dense peak of the precision the matmuls run in (``perfsuite.rank.peaks``'s
     datasheet table): bf16 tensor cores, or for fp32 the TF32 tensor-core rate
     when TF32 matmuls are on, else the non-tensor fp32 rate."""
-    from perfsuite.rank import peaks
-
     wanted = "bf16" if precision == "bf16" else ("tf32" if tf32 else "fp32")
     return peaks.peak_flops(device_name, wanted)
 

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from perfsuite.hardware import cpu_model
 from perfsuite.profiling.summary import nccl_bus_bandwidth
 from perfsuite.rank.meter import metric
 
@@ -248,8 +249,6 @@ def pci_key(bus_id: str) -> str:
 def _device_name(device: torch.device) -> str | None:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    from perfsuite.hardware import cpu_model
-
     return cpu_model()
 
 
