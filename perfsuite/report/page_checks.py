@@ -114,8 +114,9 @@ def attention(cells: list[dict]) -> dict[str, Any]:
     judged = [k for k in checks if k.get("verdict") not in ("skipped", None)]
     step_checks = [k for k in checks if k.get("name") == "step_time"]
     step_skipped = [k for k in step_checks if k.get("verdict") == "skipped" and not k.get("recorded")]
-    notes = [line + "." for line in (not_run_line(cells), recorded_line(cells)) if line]
-    ran = "Every cell that could run here ran" if not_run_line(cells) else "Every cell ran"
+    not_run = not_run_line(cells)
+    notes = [line + "." for line in (not_run, recorded_line(cells)) if line]
+    ran = "Every cell that could run here ran" if not_run else "Every cell ran"
     if step_checks and step_skipped and len(step_skipped) == len(step_checks):
         why = Counter(str(k.get("message") or "no reason given") for k in step_skipped)
         notes.append(f"No step time was compared with a baseline: all {len(step_checks)} "
