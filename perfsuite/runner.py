@@ -376,17 +376,23 @@ class Runner:
                     "with --resume (pytest: --perf-resume) finishes the run and stores it")
         if marked is not None:
             return f"history: not stored: {marked}"
-        from perfsuite.history.store import HistoryError, record_run_in_history, run_purpose, store_named
+        from perfsuite.history import store as hs
 
+        purpose = None
         try:
-            purpose = run_purpose(self.launch.options, out_dir=self.out_dir, store_named=store_named(url),
-                                  declared=getattr(self, "history_purpose", None))
-            return record_run_in_history(self.file.path, url, commit, branch, purpose=purpose,
-                                         options=self.launch.options)
-        except HistoryError as err:
-            return f"history: not stored: {err}"
+            purpose = hs.run_purpose(self.launch.options, out_dir=self.out_dir, store_named=hs.store_named(url),
+                                     declared=getattr(self, "history_purpose", None))
+            return hs.record_run_in_history(self.file.path, url, commit, branch, purpose=purpose,
+                                            options=self.launch.options)
+        except hs.HistoryError as err:
+            if not isinstance(err, hs.StoreNotWritten):
+                return f"history: not stored: {err}"
+            why = str(err)
         except Exception as err:  # noqa: BLE001 - a full disk, a database gone: the run stands
-            return f"history: not stored: {type(err).__name__}: {err}"
+            why = f"{type(err).__name__}: {err}"
+        # the run stands, its history does not: the runners exit 2 (pytest: failed), not green
+        self.history_unwritten = hs.not_written_line(why, self.file.path.parent, url, commit, branch, purpose)
+        return self.history_unwritten
 
     def finish(self, interrupted: bool = False) -> str | None:
         """Mark results.json at the session's end: run.status "complete", or

@@ -1,4 +1,4 @@
-"""``perfsuite history``: add, changes, show, report (see perfsuite.history.store and
+"""``perfsuite history``: add, mark, changes, show, report (see perfsuite.history.store and
 perfsuite.history.changes); its detection benchmark is ``perfsuite selftest
 history-detection``."""
 
@@ -68,6 +68,28 @@ def _cmd_add(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_mark(args: argparse.Namespace) -> int:
+    from perfsuite.history.marks import mark_runs
+    from perfsuite.history.store import History, HistoryError
+
+    try:  # read_only=False: an older store is migrated in place, never marked in a copy
+        with History(args.history, create=False, read_only=False) as history:
+            marked = mark_runs(history, args.runs, args.history_purpose)
+    except HistoryError as err:
+        return _fail("mark", err)
+    if args.json:
+        from dataclasses import asdict
+
+        emit_json(args, {"marked": [{**asdict(m), "line": m.describe()} for m in marked]})
+        return EXIT_OK
+    for one in marked:
+        print(one.describe())
+    if args.history_purpose != "run":
+        print(f"`perfsuite history changes` leaves {args.history_purpose} runs out; "
+              f"--include {args.history_purpose} shows them")
+    return EXIT_OK
+
+
 def _fmt(value: float, unit: str | None) -> str:
     return f"{value:.6g}{f' {unit}' if unit else ''}"
 
@@ -111,17 +133,18 @@ def _cmd_changes(args: argparse.Namespace) -> int:
     except HistoryError as err:
         return _fail("changes", err)
     if not series:
-        if args.cell:  # a name that matches nothing must not pass a nightly gate quietly
-            from perfsuite.history.store import left_out_line
+        from perfsuite.history.store import left_out_line
 
+        if args.json:
+            emit_json(args, {"series": [], "regressed_at_head": [], "left_out": left_out})
+        if args.cell:  # a name that matches nothing must not pass a nightly gate quietly
             hint = f"; {left_out_line(left_out)}" if left_out else ""
             return _fail("changes", LookupError(f"no {args.metric} history of {args.cell}{hint} "
                                                 "(`perfsuite history show` lists a cell's runs)"))
-        if args.json:
-            emit_json(args, {"series": [], "regressed_at_head": [], "left_out": left_out})
-        else:
+        if left_out:  # runs there are, none of them taken: not "no history yet"
+            return _fail("changes", LookupError(_all_left_out(args, left_out)))
+        if not args.json:
             print(f"no {args.metric} history yet")
-            _say_left_out(left_out)
         return EXIT_OK
     report, at_head = [], []
     for (cell, metric, profile), points in series.items():
@@ -155,6 +178,28 @@ def _cmd_changes(args: argparse.Namespace) -> int:
     return EXIT_REGRESSED if at_head else EXIT_OK
 
 
+def _all_left_out(args: argparse.Namespace, left_out: dict[str, int]) -> str:
+    from perfsuite.history.store import left_out_line, resolve_url, shown_url
+
+    return (f"no {args.metric} history of runs in history {shown_url(resolve_url(args.history))}: every run "
+            f"it holds was left out for its purpose; {left_out_line(left_out)}, and `perfsuite history mark "
+            "RUN --history-purpose run` re-marks a run that was meant as one")
+
+
+def _check_branch(history, branch: str | None) -> None:
+    """HistoryError naming the branches there are when ``branch`` holds no run."""
+    from perfsuite.history.store import HistoryError, shown_url
+
+    there = history.branches()
+    if branch is None or branch in there or not there:
+        return
+    named = ", ".join(f"{b} ({n} run(s))" for b, n in sorted(there.items(), key=lambda i: str(i[0])) if b)
+    loose = there.get(None)
+    raise HistoryError(f"--branch {branch}: no run on branch {branch} in history {shown_url(history.url)}; "
+                       f"its branches: {named or 'none'}"
+                       + (f" ({loose} run(s) stored without a branch: a detached HEAD)" if loose else ""))
+
+
 def _read_series(args: argparse.Namespace, include: tuple[str, ...], *,
                  cell_ids: bool = False) -> tuple[list, dict[str, int], list[str]]:
     """The series ``history changes`` and ``show`` read, the runs they leave
@@ -167,7 +212,9 @@ def _read_series(args: argparse.Namespace, include: tuple[str, ...], *,
                                 include=include)
         left_out = history.left_out(cell=args.cell, metric=args.metric, since=args.since,
                                     branch=args.branch, include=include)
-        if not series and not left_out:  # a metric's typo is not a cell's, nor "no history yet"
+        if not series:  # a branch, a metric that is not there: not a cell's typo, nor "no history yet"
+            _check_branch(history, args.branch)
+        if not series and not left_out:
             _check_metrics(history, [args.metric])
         known = history.cell_ids() if cell_ids and not series and not left_out else []
     return series, left_out, known
@@ -202,8 +249,15 @@ def _cmd_show(args: argparse.Namespace) -> int:
     if not series:
         import difflib
 
-        close = difflib.get_close_matches(args.cell, known, n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        if args.cell in known:  # stored, but no run of it that these options take
+            hint = (f": it is stored, but no run of it finished ok with a {args.metric}"
+                    + (f" on branch {args.branch}" if args.branch else "")
+                    + (f" since {args.since}" if args.since else ""))
+        else:
+            close = [c for c in difflib.get_close_matches(args.cell, known, n=4) if c != args.cell][:3]
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            if not close and not left_out and _known_cell(args.cell):
+                hint = ": a cell perfsuite knows, not stored in this history yet (`perfsuite run` with --history stores it)"
         hint += f"; {left_out_line(left_out)}" if left_out else ""
         return _fail("show", LookupError(f"no {args.metric} history of {args.cell}{hint}"))
     if args.json:
@@ -226,6 +280,15 @@ def _cmd_show(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _known_cell(cell_id: str) -> bool:
+    from perfsuite import cells
+
+    try:
+        return bool(cells.select(ids=[cell_id]))
+    except Exception:  # noqa: BLE001 - an unknown id, or an experiment file that does not load: not known
+        return False
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     from perfsuite.history.store import HistoryError
     from perfsuite.report.trends_page import write_trends_page
@@ -242,6 +305,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
         from perfsuite.history.store import History
 
         with History(args.history, create=False) as history:
+            _check_branch(history, args.branch)
             _check_metrics(history, args.metric or [DEFAULT_METRIC])
         out, trends = write_trends_page(args.history, args.out, cells, args.metric or [DEFAULT_METRIC],
                                         since=args.since, branch=args.branch,
@@ -295,6 +359,17 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     options.add_old_name(p, "--purpose", purpose)
     p.add_argument("--json", action="store_true", help="print what was stored as JSON")
     p.set_defaults(func=_cmd_add)
+
+    p = sub.add_parser("mark", help="re-mark stored runs: run, experiment or ad-hoc (the series read runs only)")
+    p.add_argument("runs", nargs="+", metavar="RUN",
+                   help="a stored run: its key (or 4+ characters of it), a commit (or its prefix), or the "
+                        "folder or results.json it was added from; a commit names each run of it")
+    _store_option(p)
+    purpose = p.add_argument("--history-purpose", choices=PURPOSES, required=True,
+                             help="the purpose the runs are marked with")
+    options.add_old_name(p, "--purpose", purpose)
+    p.add_argument("--json", action="store_true", help="print the runs marked as JSON")
+    p.set_defaults(func=_cmd_mark)
 
     p = sub.add_parser("changes", help="change points per cell, metric and hardware profile; "
                                        "exit 1 when the newest run sits after a regression")

@@ -195,6 +195,8 @@ def _end_of_run(runner, measured: list, code: int, json_args: argparse.Namespace
     history_line = runner.add_to_history(history, interrupted=interrupted, commit=commit, branch=branch)
     if history_line:
         print(history_line)
+    if code == EXIT_OK and getattr(runner, "history_unwritten", None):
+        code = EXIT_USAGE  # measured and kept, but the history the run was for was not written
     if json_args is not None:
         emit_json(json_args, {
             "results": str(runner.file.path) if kept else None,

@@ -99,15 +99,19 @@ def run_options(data: Mapping[str, Any]) -> dict[str, str]:
     return options
 
 
-def options_of_file(results_path: Path | str) -> dict[str, str] | None:
-    """``run_options`` of a results.json (or its folder); None when it cannot
-    be read."""
+def options_of_file(results_path: Path | str, key: str) -> dict[str, str] | None:
+    """``run_options`` of a results.json (or its folder) that is still the
+    run stored under ``key`` (its run_key); None when it cannot be read or
+    now holds another run (an output folder used again, --overwrite)."""
     path = Path(results_path)
     try:
-        data = json.loads((path / "results.json" if path.is_dir() else path).read_bytes())
-    except (OSError, ValueError):
+        raw = (path / "results.json" if path.is_dir() else path).read_bytes()
+        data = json.loads(raw)
+        if not isinstance(data, dict) or run_key(data, raw) != key:
+            return None
+    except (OSError, ValueError, AttributeError, TypeError):  # unreadable, or not a results.json
         return None
-    return run_options(data) if isinstance(data, dict) else None
+    return run_options(data)
 
 
 def run_env(data: Mapping[str, Any]) -> dict[str, Any]:

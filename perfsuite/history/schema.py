@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 
 from perfsuite import extras
-from perfsuite.history.errors import HistoryError
+from perfsuite.history.errors import HistoryError, NotMigrated
 from perfsuite.history.rows import options_of_file, software_versions
 from perfsuite.system.folders import folder_problem
 
@@ -96,7 +96,7 @@ def _add_column(conn: sa.Connection, table: str, column: sa.Column) -> None:
     conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
 
 
-def _migrate_0_to_1(conn: sa.Connection) -> None:
+def _migrate_0_to_1(conn: sa.Connection, _url: str) -> None:
     """Version 0, the layout before versioning: runs, cells and metrics, no
     ``meta`` table, runs without ``branch`` and ``software``, metrics without
     ``launches``. The software versions are filled in from the fingerprint."""
@@ -112,24 +112,25 @@ def _migrate_0_to_1(conn: sa.Connection) -> None:
                      .values(software=software_versions(fingerprint or {})))
 
 
-def _migrate_1_to_2(conn: sa.Connection) -> None:
+def _migrate_1_to_2(conn: sa.Connection, url: str) -> None:
     """Version 1 kept every run alike; version 2 marks each with its purpose
     and workload options. A stored run gets the purpose it would be stored
     with now, as far as the store can tell: ``experiment`` when its
-    results.json is still there and its cells were launched with workload
-    options; ``ad-hoc`` when the store is a ``.perfsuite/history.sqlite`` file
+    results.json is still that run's (the same run key: a folder used again
+    holds another run) and its cells were launched with workload options;
+    ``ad-hoc`` when the store is a ``.perfsuite/history.sqlite`` file
     (perfsuite's default) and the run's folder lies outside that folder;
-    else ``run``."""
+    else ``run``. ``perfsuite history mark`` re-marks a run."""
     have = {c["name"] for c in sa.inspect(conn).get_columns("runs")}
     if "purpose" not in have:
         conn.exec_driver_sql(f"ALTER TABLE runs ADD COLUMN purpose VARCHAR(16) NOT NULL "
                              f"DEFAULT '{DEFAULT_PURPOSE}'")
     if "options" not in have:
         _add_column(conn, "runs", sa.Column("options", sa.JSON))
-    store = sqlite_file(conn.engine.url.render_as_string(hide_password=False))
+    store = sqlite_file(url)
     runs_folder = store.parent if store is not None and store.parts[-2:] == DEFAULT_PATH.parts else None
-    for run_id, source in conn.execute(sa.select(runs.c.id, runs.c.source)).all():
-        options = options_of_file(source) if source else None
+    for run_id, key, source in conn.execute(sa.select(runs.c.id, runs.c.run_key, runs.c.source)).all():
+        options = options_of_file(source, key) if source else None
         purpose = DEFAULT_PURPOSE
         if options:
             purpose = "experiment"
@@ -145,8 +146,9 @@ def _inside(path: Path, folder: Path) -> bool:
         return False
 
 
-# Version -> the function that brings a store of that version to the next.
-MIGRATIONS: dict[int, Callable[[sa.Connection], None]] = {0: _migrate_0_to_1, 1: _migrate_1_to_2}
+# Version -> the function that brings a store of that version to the next
+# (given the store's URL: a copy read in memory is migrated as its file).
+MIGRATIONS: dict[int, Callable[[sa.Connection, str], None]] = {0: _migrate_0_to_1, 1: _migrate_1_to_2}
 
 
 OFF = "off"  # as a store (--history off, $PERFSUITE_HISTORY=off): none
@@ -221,6 +223,9 @@ def check_usable(url: str) -> None:
             raise HistoryError(f"history {shown}: {problem}; give --history a place you can write, or off")
         if not path.exists() or path.stat().st_size == 0:
             return  # made, or laid out, when the run is added
+        if not os.access(path.parent, os.W_OK | os.X_OK):  # SQLite writes its journal beside the store
+            raise HistoryError(f"history {shown}: cannot write in {path.parent}, where SQLite keeps the "
+                               "store's journal while it writes; give --history a place you can write, or off")
         import sqlite3
         from urllib.parse import quote
 
@@ -353,8 +358,33 @@ def set_up_layout(engine: sa.Engine, url: str) -> int:
             return SCHEMA_VERSION
         if version > SCHEMA_VERSION:
             raise HistoryError(_newer(url, version))
-        while version < SCHEMA_VERSION:
-            MIGRATIONS[version](conn)
-            version += 1
-            _set_version(conn, version)
+        older = version
+        try:
+            while version < SCHEMA_VERSION:
+                MIGRATIONS[version](conn, url)
+                version += 1
+                _set_version(conn, version)
+        except sa.exc.SQLAlchemyError as err:  # rolled back: the store is as it was
+            text = str(getattr(err, "orig", None) or err).strip()
+            raise NotMigrated(f"history {shown_url(url)}: its layout version {older} is older than this "
+                              f"perfsuite's ({SCHEMA_VERSION}) and could not be migrated in place "
+                              f"({text.splitlines()[0] if text else type(err).__name__})") from err
         return version
+
+
+def migrated_copy(path: Path, url: str) -> tuple[sa.Engine, int]:
+    """An older SQLite store read without writing it: copied into memory
+    (opened read-only) and migrated there; the engine and its version."""
+    import sqlite3
+    from urllib.parse import quote
+
+    from sqlalchemy.pool import StaticPool
+
+    memory = sqlite3.connect(":memory:", check_same_thread=False)
+    source = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True)
+    try:
+        source.backup(memory)
+    finally:
+        source.close()
+    engine = sa.create_engine("sqlite://", creator=lambda: memory, poolclass=StaticPool)
+    return engine, set_up_layout(engine, url)

@@ -40,7 +40,8 @@ import numpy as np
 import sqlalchemy as sa
 
 from perfsuite.hardware import profile_id
-from perfsuite.history.errors import HistoryError
+from perfsuite.history.errors import HistoryError, NotMigrated, StoreNotWritten
+from perfsuite.history.marks import Added, Marked, kept, mark_runs
 from perfsuite.history.purpose import Purpose, left_out_line, parse_include, run_purpose, store_named  # noqa: F401 - the store's face
 from perfsuite.history.rows import (
     DEFAULT_LAUNCH_STATISTIC,
@@ -60,6 +61,7 @@ from perfsuite.history.schema import (
     check_usable,
     history_off,
     metrics,
+    migrated_copy,
     open_engine,
     resolve_url,
     runs,
@@ -80,24 +82,36 @@ def _text(path: Path) -> str:
 class History:
     """A history store at ``url`` (see ``resolve_url``); its layout is
     created or migrated when it is opened. ``create=False`` refuses an SQLite
-    file that is not there instead of creating it (the commands that read)."""
+    file that is not there instead of creating it (the commands that read).
+    ``read_only`` (default: ``not create``): an older layout that cannot be
+    migrated in place (a read-only file or folder, a full disk) is read from a
+    copy migrated in memory, the store left as it is."""
 
-    def __init__(self, url: str | os.PathLike | None = None, *, create: bool = True) -> None:
+    def __init__(self, url: str | os.PathLike | None = None, *, create: bool = True,
+                 read_only: bool | None = None) -> None:
         self.url = resolve_url(url)
         sqlite_path = sqlite_file(self.url)
         if not create and sqlite_path is not None and not sqlite_path.exists():
             raise HistoryError(f"no history at {sqlite_path}: `perfsuite history add RUN_DIR` "
                                "stores a run first (or pass --history)")
+        shown = shown_url(self.url)
         try:
             self.engine = open_engine(self.url)
             self.version = set_up_layout(self.engine, self.url)
+        except NotMigrated as err:
+            self.engine.dispose()
+            if not (create is False if read_only is None else read_only):
+                raise NotMigrated(f"{err}; make it writable, or give --history another store") from None
+            if sqlite_path is None:
+                raise NotMigrated(f"{err}; run any `perfsuite history` command on it once as a user who "
+                                  "may write it, which migrates it") from None
+            self.engine, self.version = migrated_copy(sqlite_path, self.url)
         except sa.exc.SQLAlchemyError as err:
-            raise HistoryError(f"history {shown_url(self.url)}: {_first_line(err)}") from err
+            raise StoreNotWritten(f"history {shown}: {_first_line(err)}") from err
         except ModuleNotFoundError as err:
-            raise HistoryError(f"history {shown_url(self.url)}: its database driver is not installed "
-                               f"({err.name})") from err
+            raise HistoryError(f"history {shown}: its database driver is not installed ({err.name})") from err
         except OSError as err:  # its folder could not be made after all
-            raise HistoryError(f"history {shown_url(self.url)}: cannot make it ({err.strerror or err})") from err
+            raise StoreNotWritten(f"history {shown}: cannot make it ({err.strerror or err})") from err
 
     def close(self) -> None:
         self.engine.dispose()
@@ -151,8 +165,8 @@ class History:
                     if purpose.declared and existing[2] != purpose.name:
                         conn.execute(runs.update().where(runs.c.id == existing[0]).values(purpose=purpose.name))
                         added.earlier_purpose = existing[2]
-                        return _kept(added, existing, purpose.name)
-                    return _kept(added, existing)
+                        return kept(added, existing, purpose.name)
+                    return kept(added, existing)
                 run_id = conn.execute(runs.insert().values(**run_row)).inserted_primary_key[0]
                 if cell_rows:
                     conn.execute(cells.insert(), [{**r, "run_id": run_id} for r in cell_rows])
@@ -167,10 +181,14 @@ class History:
             if existing is None:  # not a race: a row of this run refused (a cell id twice)
                 raise HistoryError(f"history {shown_url(self.url)}: cannot store {results_path}: "
                                    f"{_first_line(err)}") from None
-            return _kept(added, existing)
+            return kept(added, existing)
         except sa.exc.SQLAlchemyError as err:
-            raise HistoryError(f"history {shown_url(self.url)}: cannot store {results_path}: "
-                               f"{_first_line(err)}") from err
+            raise StoreNotWritten(f"history {shown_url(self.url)}: cannot store {results_path}: "
+                                  f"{_first_line(err)}") from err
+
+    def mark(self, selector: str, purpose: str) -> list[Marked]:
+        """Re-mark the stored runs ``selector`` names (``marks.mark_runs``)."""
+        return mark_runs(self, [selector], purpose)
 
     # ------------------------------------------------------------------ reading
 
@@ -183,6 +201,12 @@ class History:
     def cell_ids(self) -> list[str]:
         with self._reading() as conn:
             return sorted(r[0] for r in conn.execute(sa.select(metrics.c.cell).distinct()))
+
+    def branches(self) -> dict[str | None, int]:
+        """How many runs each branch holds (None: runs stored without one)."""
+        with self._reading() as conn:
+            query = sa.select(runs.c.branch, sa.func.count()).group_by(runs.c.branch)
+            return {branch: count for branch, count in conn.execute(query)}
 
     def metric_names(self) -> list[str]:
         """The metrics stored of any run, sorted."""
@@ -300,49 +324,6 @@ class History:
                            "a ref git resolves here, or a date YYYY-MM-DD)")
 
 
-@dataclass
-class Added:
-    """What ``History.add_run`` did."""
-
-    run_key: str
-    commit: str
-    branch: str | None
-    profile: str
-    cells: int
-    url: str
-    run_id: int | None = None
-    new: bool = True
-    stored_commit: str | None = None  # the commit it was first stored with, when kept
-    purpose: str = DEFAULT_PURPOSE  # the purpose it is stored with
-    why: str | None = None
-    earlier_purpose: str | None = None  # when kept and re-marked: the purpose it had
-
-    def describe(self) -> str:
-        if not self.new:
-            line = (f"history: run {self.run_key[:12]} already stored (commit "
-                    f"{(self.stored_commit or self.commit)[:12]}) in {self.url}")
-            if self.earlier_purpose is not None:
-                return f"{line}; kept once, now marked {self.purpose} (was {self.earlier_purpose})"
-            return f"{line}{'' if self.purpose == DEFAULT_PURPOSE else ' ' + _as(self.purpose)}; kept once"
-        line = (f"history: stored run {self.run_key[:12]} of commit {self.commit[:12]}"
-                f"{f' ({self.branch})' if self.branch else ''}, {self.cells} cell(s), profile "
-                f"{self.profile} in {self.url}")
-        if self.purpose == DEFAULT_PURPOSE:
-            return line
-        return (f"{line} {_as(self.purpose)}{f' ({self.why})' if self.why else ''}: "
-                f"`perfsuite history changes` leaves it out; --include {self.purpose} shows it")
-
-
-def _as(purpose: str) -> str:
-    return {"experiment": "as an experiment", "ad-hoc": "as ad-hoc"}.get(purpose, f"as a {purpose}")
-
-
-def _kept(added: Added, existing: Any, purpose: str | None = None) -> Added:
-    added.run_id, added.new, added.stored_commit = existing[0], False, existing[1]
-    added.purpose = purpose or existing[2]
-    return added
-
-
 def _taken(include: tuple[str, ...] | list[str]) -> list[str]:
     """The purposes a reader takes: ``run`` and those it was asked to include."""
     return [DEFAULT_PURPOSE, *(p for p in include if p != DEFAULT_PURPOSE)]
@@ -407,6 +388,22 @@ def record_run_in_history(results_path: Path | str, url: str | os.PathLike | Non
     with History(url) as history:
         return history.add_run(results_path, commit=commit, branch=branch, purpose=purpose,
                                options=options).describe()
+
+
+def not_written_line(why: str, run_dir: Path, url: str | os.PathLike | None, commit: str | None,
+                     branch: str | None, purpose: Purpose | None) -> str:
+    """The line a runner prints when its finished run could not be written
+    to the history (``why``: a full disk, a read-only store): what is kept,
+    and the ``perfsuite history add`` command that stores the run later."""
+    import shlex
+
+    argv = ["perfsuite", "history", "add", _text(run_dir)]
+    argv += ["--commit", commit] if commit else []
+    argv += ["--branch", branch] if branch else []
+    argv += ["--history", str(url)] if url is not None and str(url) != "" else []
+    argv += ["--history-purpose", purpose.name] if purpose is not None and purpose.name != DEFAULT_PURPOSE else []
+    return (f"history: not written: {why}; results.json and the report are kept: `{shlex.join(argv)}` "
+            "adds the run once the store can be written")
 
 
 def check_store_usable(url: str | os.PathLike | None) -> str | None:

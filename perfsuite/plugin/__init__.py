@@ -396,6 +396,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus):
             session.config.getoption("--perf-history"),
             interrupted=exitstatus == pytest.ExitCode.INTERRUPTED,
             commit=session.config.getoption("--perf-commit"), branch=session.config.getoption("--perf-branch"))
+        if getattr(runner, "history_unwritten", None) and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED  # measured, but its history not written
     yield
 
 
