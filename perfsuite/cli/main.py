@@ -96,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     cli_run.add_parser(sub)
     cli_results.add_compare_parser(sub)
+    from perfsuite.cli import diff as cli_diff  # light: its heavy imports wait for the command
+
+    cli_diff.add_parser(sub)
     cli_ab.add_parsers(sub)
     cli_results.add_parsers(sub)
     cli_history.add_parsers(sub)
@@ -148,6 +151,79 @@ def escape_unencodable_output() -> None:
                 pass
 
 
+class _Tail:
+    """A stream that writes through to ``stream`` and keeps the last line
+    said: what a --json command's document names when the command ends
+    without one."""
+
+    def __init__(self, stream) -> None:
+        self.stream, self.last = stream, ""
+
+    def write(self, text: str) -> int:
+        lines = [line for line in text.splitlines() if line.strip()]
+        if lines:
+            self.last = lines[-1].strip()
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str] | None, wants_json: bool) -> argparse.Namespace:
+    """The command line, parsed; an old and a new name of one option given
+    different values is refused as argparse refuses (exit 2). Under --json
+    the refusal is also that one JSON object on stdout."""
+    import contextlib
+    import io
+
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said) if wants_json else contextlib.nullcontext():
+            args = parser.parse_args(argv)
+            clash = options.old_name_clash(args)
+            if clash:
+                parser.error(clash)
+    except SystemExit as stop:
+        sys.stderr.write(said.getvalue())
+        if stop.code and wants_json:
+            lines = [line for line in said.getvalue().splitlines() if line.strip()]
+            _json_exit(EXIT_USAGE, lines[-1] if lines else "the command line cannot be run")
+        raise
+    sys.stderr.write(said.getvalue())
+    return args
+
+
+def _json_exit(code: int, error: str | None) -> None:
+    """A --json command's one document where the command gave none: its exit
+    code and, for a failure, what it said last."""
+    import json
+
+    print(json.dumps({**({"error": error} if code else {}), "exit_code": code}), flush=True)
+
+
+def _check_environment(args: argparse.Namespace) -> None:
+    """Every PERFSUITE_* variable takes its value, and the store named takes
+    its name, before anything is launched or stored; a variable perfsuite
+    does not read is said (a typo). perfsuite doctor reports them instead."""
+    import os
+
+    from perfsuite.system import envvars
+
+    for line in envvars.strangers(os.environ):
+        print(f"perfsuite: warning: {line}", file=sys.stderr)
+    if args.command == "doctor":
+        return
+    found = envvars.problems(os.environ)
+    history = getattr(args, "history", None)
+    if isinstance(history, str) and options.history_problem(history):
+        found.append(options.history_problem(history))
+    if found:
+        raise UsageProblem("\n".join(f"perfsuite {args.command}: {line}" for line in found))
+
+
 def main(argv: list[str] | None = None) -> int:
     import contextlib
     import os
@@ -156,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
 
     escape_unencodable_output()  # before anything is printed
     options.forget_said()  # an old name is named once per command
-    args = build_parser().parse_args(argv)
+    wants_json = "--json" in (sys.argv[1:] if argv is None else argv)
+    args = _parse(build_parser(), argv, wants_json)
     if getattr(args, "renamed_command", None):
         options.say_renamed(*args.renamed_command)
     # `perfsuite list | head -1`: end of SIGPIPE, quietly, as other command-line
@@ -168,33 +245,45 @@ def main(argv: list[str] | None = None) -> int:
     if (argv is None and hasattr(signal, "SIGPIPE") and not getattr(args, "launches_cells", False)
             and threading.current_thread() is threading.main_thread()):
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    json_mode = bool(getattr(args, "json", False))
+    tail = _Tail(sys.stderr)
     try:
-        if not getattr(args, "json", False):
+        _check_environment(args)
+        if not json_mode:
             return args.func(args)
         # --json: stdout carries the command's one JSON document (emit_json),
         # everything said on the way goes to stderr
         args.json_out = sys.stdout
-        with contextlib.redirect_stdout(sys.stderr):
-            return args.func(args)
+        with contextlib.redirect_stdout(tail), contextlib.redirect_stderr(tail):
+            code = args.func(args)
+        if not getattr(args, "json_emitted", False):
+            _json_exit(code, tail.last or None)
+        return code
     except BrokenPipeError:  # the reader went away: nothing more to say, nowhere to say it
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # so the exit's flush does not complain
         return 128 + signal.SIGPIPE
     except (cells_mod.CellError, UsageProblem) as err:
-        print(f"perfsuite: {err}" if isinstance(err, cells_mod.CellError) else str(err),
-              file=sys.stderr)
-        return EXIT_USAGE
+        said = f"perfsuite: {err}" if isinstance(err, cells_mod.CellError) else str(err)
+        return _failed(args, json_mode, EXIT_USAGE, said)
     except OSError as err:  # a file that cannot be read or written: say which, no traceback
-        print(f"perfsuite {args.command}: {err.filename or ''}: {err.strerror or err}",
-              file=sys.stderr)
-        return EXIT_USAGE
+        return _failed(args, json_mode, EXIT_USAGE,
+                       f"perfsuite {args.command}: {err.filename or ''}: {err.strerror or err}")
     except KeyboardInterrupt:
-        print(f"perfsuite {args.command}: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return _failed(args, json_mode, EXIT_INTERRUPTED, f"perfsuite {args.command}: interrupted")
     finally:  # the zygotes the command's launches forked from end with it (in-process callers too)
         agent = sys.modules.get("perfsuite.launch.agent")
         if agent is not None:
             agent.close_zygotes()
+
+
+def _failed(args: argparse.Namespace, json_mode: bool, code: int, said: str) -> int:
+    """``said`` on stderr, and under --json as the one document where the
+    command gave none; ``code`` returned."""
+    print(said, file=sys.stderr)
+    if json_mode and not getattr(args, "json_emitted", False):
+        _json_exit(code, said)
+    return code
 
 
 if __name__ == "__main__":

@@ -15,9 +15,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .deltas import RowDelta, attribute_change  # noqa: F401  (their old home)
+
 SCHEMA = "perfsuite.profile/1"
 
-CATEGORIES = ("cuda_api", "kernel", "memcpy", "memset", "nvtx", "cpu_op", "collective")
+CATEGORIES = ("cuda_api", "kernel", "memcpy", "memset", "nvtx", "cpu_op", "collective", "module")
 
 H2D = "CUDA memcpy Host-to-Device"
 
@@ -61,6 +63,9 @@ class ProfileRow:
     calls: int
     share: float = 0.0  # fraction of its category's total (nsys "Time (%)" / 100)
     bytes: float | None = None  # memory operations only
+    # standard deviation of the row's time per step over the captured steps
+    # (torch.profiler traces): the attribution diff's noise per row
+    step_sd_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.category not in CATEGORIES:
@@ -85,6 +90,8 @@ class ProfileRow:
         }
         if self.bytes is not None:
             out["bytes"] = self.bytes
+        if self.step_sd_s is not None:
+            out["step_sd_s"] = self.step_sd_s
         return out
 
     @classmethod
@@ -96,6 +103,7 @@ class ProfileRow:
             calls=int(data.get("calls", 0)),
             share=float(data.get("share", 0.0)),
             bytes=None if data.get("bytes") is None else float(data["bytes"]),
+            step_sd_s=None if data.get("step_sd_s") is None else float(data["step_sd_s"]),
         )
 
 
@@ -267,11 +275,14 @@ def _combine(rows: Iterable[ProfileRow]) -> list[ProfileRow]:
     for row in rows:
         seen = merged.get(row.key)
         if seen is None:
-            merged[row.key] = ProfileRow(row.name, row.category, float(row.total_s), int(row.calls), 0.0, row.bytes)
+            merged[row.key] = ProfileRow(row.name, row.category, float(row.total_s), int(row.calls), 0.0, row.bytes,
+                                         row.step_sd_s)
         else:
             seen.total_s += row.total_s
             seen.calls += row.calls
             seen.bytes = _sum_or_none([seen.bytes, row.bytes])
+            if seen.step_sd_s is not None and row.step_sd_s is not None:  # independent parts add in variance
+                seen.step_sd_s = math.hypot(seen.step_sd_s, row.step_sd_s)
     by_category: dict[str, list[float]] = {}
     for row in merged.values():
         by_category.setdefault(row.category, []).append(row.total_s)
@@ -342,74 +353,6 @@ def nccl_bus_bandwidth(op: str, nbytes: float, seconds: float, world_size: int) 
         raise ValueError("seconds must be > 0")
     algbw = nbytes / seconds / 1e9
     return BusBandwidth(algbw, algbw * _BUS_FACTORS[key](world_size))
-
-
-# -- attribution: which rows moved between two runs ------------------------
-
-@dataclass(frozen=True)
-class RowDelta:
-    name: str
-    category: str
-    baseline_s: float
-    current_s: float
-
-    @property
-    def delta_s(self) -> float:
-        return self.current_s - self.baseline_s
-
-    @property
-    def relative(self) -> float | None:
-        """Change as a fraction of the baseline; None for a row new in current."""
-        return None if self.baseline_s <= 0 else self.delta_s / self.baseline_s
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "category": self.category,
-            "baseline_s": self.baseline_s,
-            "current_s": self.current_s,
-            "delta_s": self.delta_s,
-            "relative": self.relative,
-            "status": "new" if self.baseline_s <= 0 else ("gone" if self.current_s <= 0 else "changed"),
-        }
-
-
-def attribute_change(
-    baseline: ProfileSummary,
-    current: ProfileSummary,
-    *,
-    top: int = 10,
-    by: str = "abs",
-    categories: Sequence[str] | None = None,
-    min_abs_s: float = 0.0,
-) -> list[RowDelta]:
-    """The rows that moved most from baseline to current.
-
-    by="abs" orders by |delta seconds|; by="rel" by |relative change| (new rows
-    first), ignoring rows whose |delta| is under min_abs_s so tiny rows do not
-    dominate. Times are per step when both summaries know their step count.
-    """
-    if by not in ("abs", "rel"):
-        raise ValueError("by must be 'abs' or 'rel'")
-    base_scale = 1.0 / baseline.steps if baseline.steps and current.steps else 1.0
-    cur_scale = 1.0 / current.steps if baseline.steps and current.steps else 1.0
-    base = {r.key: r.total_s * base_scale for r in baseline.rows}
-    cur = {r.key: r.total_s * cur_scale for r in current.rows}
-    deltas = []
-    for key in set(base) | set(cur):
-        category, name = key
-        if categories is not None and category not in categories:
-            continue
-        delta = RowDelta(name, category, base.get(key, 0.0), cur.get(key, 0.0))
-        if delta.delta_s == 0 or abs(delta.delta_s) < min_abs_s:
-            continue
-        deltas.append(delta)
-    if by == "abs":
-        deltas.sort(key=lambda d: (-abs(d.delta_s), d.category, d.name))
-    else:
-        deltas.sort(key=lambda d: (-(math.inf if d.relative is None else abs(d.relative)),
-                                   -abs(d.delta_s), d.category, d.name))
-    return deltas[:top]
 
 
 def format_summary(summary: ProfileSummary, *, top: int = 15, h2d_limit_gbps: float | None = None) -> str:

@@ -2,7 +2,8 @@
 
 StepProfiler captures only the measured steps (schedule wait/warmup/active),
 labels the training phases with record_function ("data", "forward",
-"backward", "optimizer", "comm") and, on CUDA, with NVTX ranges of the same
+"backward", "optimizer", "comm"), opens a range around every nn.Module's
+forward (perfsuite.profiling.modules: the module rows) and, on CUDA, with NVTX ranges of the same
 names so an nsys capture of the same run shows the same phases. In "nsys"
 mode it records nothing itself: it brackets the measured steps with
 cudaProfilerStart/Stop for `nsys profile --capture-range=cudaProfilerApi`.
@@ -28,6 +29,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
+from .modules import ModuleRanges
 from .summary import H2D, ProfileRow, ProfileSummary
 from .trace_summary import PHASES, classify_event, h2d_bytes_from_chrome_trace, summary_from_trace_events
 
@@ -96,7 +98,8 @@ class StepProfiler:
 
     def __init__(self, mode: str = "torch", *, wait: int = 1, warmup: int = 1, active: int = 3,
                  rank: int | None = None, trace_path: str | os.PathLike | None = None,
-                 record_shapes: bool = False, with_stack: bool = False, cuda: bool | None = None) -> None:
+                 record_shapes: bool = False, with_stack: bool = False, cuda: bool | None = None,
+                 modules: bool = True) -> None:
         if mode not in MODES:
             raise ValueError(f"profiler mode must be one of {MODES}, not {mode!r}")
         if wait < 0 or warmup < 0 or active < 1:
@@ -114,6 +117,7 @@ class StepProfiler:
         self._t_end: float | None = None
         self._nsys_capturing = False
         self._captured: profile | None = None  # a closed window, not yet summarised
+        self._modules = ModuleRanges() if modules and mode == "torch" else None
 
     # -- construction from the launcher's environment ------------------
     @classmethod
@@ -144,6 +148,8 @@ class StepProfiler:
                 with_stack=self.with_stack,
             )
             self._prof.__enter__()
+            if self._modules is not None:
+                self._modules.__enter__()
         if self.capture_begins_after == 0:
             self._open_window()
         return self
@@ -151,6 +157,8 @@ class StepProfiler:
     def __exit__(self, *exc: object) -> None:
         if self._t_start is not None and self._t_end is None:
             self._close_window()
+        if self._modules is not None:
+            self._modules.__exit__(*exc)
         if self._prof is not None:
             self._prof.__exit__(*exc)  # fires on_trace_ready if still recording
             self._prof = None

@@ -10,8 +10,17 @@ Given as a workload option ``fault=KIND:RANK:STEP[:VALUE]``:
   fraction, 0.1 = 10 %) longer: the step's own duration times VALUE is added
   as a sleep after it. RANK ``*`` applies to every rank.
 - ``allreduce``: from that step on, every step does one extra all-reduce of
-  four float32 values (16 bytes); give RANK ``*``, or the others wait for it.
-- ``copy``: from that step on, every step copies every parameter once more.
+  VALUE float32 values (default four: 16 bytes); give RANK ``*``, or the
+  others wait for it.
+- ``copy``: from that step on, every step clones every parameter once more
+  (VALUE times, default once).
+- ``conv-spin``: from that step on, the first ``Conv2d`` of the model spins
+  (Python, inside its forward) for VALUE (a fraction, 0.1 = 10 %) of a step;
+- ``slow-linear``: likewise the first ``Linear``, by computing its output
+  again (the same operators, under no_grad) until VALUE of a step is spent.
+  Both size the step from the steps before STEP (their median, the first
+  left out: STEP of at least 2) and act once a step: what the attribution
+  diff must find in one module (``perfsuite selftest attribution``).
 
 - ``gpu-sleep``: from that step on, every step of the rank adds VALUE (a
   fraction, 0.02 = 2 %) of its measured duration as device time: after the
@@ -40,7 +49,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 GPU_SLEEP = "gpu-sleep"
-KINDS = ("raise", "hang", "kill", "slow", "allreduce", "copy", GPU_SLEEP)
+MODULE_FAULTS = {"conv-spin": "Conv2d", "slow-linear": "Linear"}  # kind: the class it slows
+KINDS = ("raise", "hang", "kill", "slow", "allreduce", "copy", GPU_SLEEP, *MODULE_FAULTS)
 CALIBRATION_STEPS = 3  # gpu-sleep: steps measured before STEP; their median sizes the sleep
 CALIBRATION_S = 0.02  # a timed calibration sleep lasts at least this: its launch is then noise
 
@@ -66,6 +76,12 @@ class Fault:
             if fault.step < CALIBRATION_STEPS:
                 raise ValueError(f"fault {text!r}: gpu-sleep needs a STEP of at least {CALIBRATION_STEPS}: "
                                  "the steps before it are timed to size the sleep (e.g. the warm-up's)")
+        if fault.kind in MODULE_FAULTS and (len(parts) != 4 or not 0 < value < 10 or fault.step < 2):
+            raise ValueError(f"fault {text!r}: give {fault.kind}:RANK:STEP:FRACTION, FRACTION above 0 "
+                             "(0.1: 10 % of a step) and STEP of at least 2 (the steps before it size it)")
+        if fault.kind in ("allreduce", "copy") and len(parts) == 4 and not (value >= 1 and value == int(value)):
+            raise ValueError(f"fault {text!r}: {fault.kind}'s VALUE is a whole number of at least 1 "
+                             "(all-reduced float32 values, or clones of every parameter)")
         return fault
 
     def applies(self, rank: int, step: int) -> bool:
@@ -108,7 +124,10 @@ def slow_down(fault: Fault | None, rank: int, step: int, step_seconds: float) ->
 
 
 def extra_work(fault: Fault | None, rank: int, step: int, model) -> None:
-    """Call inside each training step: the ``allreduce`` and ``copy`` faults."""
+    """Call at the start of each training step: the ``allreduce`` and ``copy``
+    faults, and the module faults' clock (``ModuleSlowdown``)."""
+    if fault is not None and fault.kind in MODULE_FAULTS and fault.rank in ("*", str(rank)):
+        ModuleSlowdown.of(fault, model).at_step(step)
     if fault is None or fault.kind not in ("allreduce", "copy") or not fault.applies(rank, step):
         return
     import torch
@@ -116,10 +135,74 @@ def extra_work(fault: Fault | None, rank: int, step: int, model) -> None:
     if fault.kind == "allreduce":
         import torch.distributed as dist
 
-        dist.all_reduce(torch.ones(4, device=next(model.parameters()).device))
+        dist.all_reduce(torch.ones(int(fault.value or 4), device=next(model.parameters()).device))
     else:
-        for param in model.parameters():
-            param.detach().clone()
+        for _ in range(int(fault.value or 1)):
+            for param in model.parameters():
+                param.detach().clone()
+
+
+_SLOWDOWNS: dict[int, ModuleSlowdown] = {}  # id(model): the module fault installed in it
+
+
+@dataclass
+class ModuleSlowdown:
+    """``conv-spin`` / ``slow-linear`` in one model: the first module of the
+    class gets a forward that spends ``budget_s`` once a step from STEP on."""
+
+    fault: Fault
+    module: Any
+    marks: list[float] = field(default_factory=list)  # step starts before STEP
+    budget_s: float | None = None
+    armed: bool = False
+
+    @classmethod
+    def of(cls, fault: Fault, model: Any) -> ModuleSlowdown:
+        found = _SLOWDOWNS.get(id(model))
+        if found is None:
+            wanted = MODULE_FAULTS[fault.kind]
+            target = next((m for m in model.modules() if type(m).__name__ == wanted), None)
+            if target is None:
+                raise ValueError(f"injected fault {fault.kind}: the model has no {wanted} to slow down")
+            found = _SLOWDOWNS[id(model)] = cls(fault, target)
+            found.install()
+        return found
+
+    def install(self) -> None:
+        forward, slowdown = self.module.forward, self
+
+        def slowed(*args: Any, **kwargs: Any) -> Any:
+            out = forward(*args, **kwargs)
+            if slowdown.armed:
+                slowdown.armed = False
+                slowdown.spend(args, kwargs)
+            return out
+
+        self.module.forward = slowed  # an instance attribute: inside the module's call and its hooks
+
+    def at_step(self, step: int) -> None:
+        if step < self.fault.step:
+            self.marks.append(time.perf_counter())
+            return
+        if self.budget_s is None:
+            self.marks.append(time.perf_counter())
+            steps = [b - a for a, b in zip(self.marks, self.marks[1:])][1:] or [self.marks[-1] - self.marks[0]]
+            self.budget_s = self.fault.value * statistics.median(steps)
+        self.armed = True
+
+    def spend(self, args: tuple, kwargs: dict) -> None:
+        end = time.perf_counter() + (self.budget_s or 0.0)
+        if self.fault.kind == "conv-spin":
+            while time.perf_counter() < end:
+                pass
+            return
+        import torch
+
+        with torch.no_grad():
+            while True:
+                self.module.__class__.forward(self.module, *args, **kwargs)
+                if time.perf_counter() >= end:
+                    return
 
 
 def calibrate_sleep(device: Any) -> float:
