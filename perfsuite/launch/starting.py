@@ -113,8 +113,10 @@ class Starter(Protocol):
 
 def fresh_agent(argv: list[str], log_fd: int, env: dict[str, str]) -> subprocess.Popen:
     """torchrun's agent as a fresh interpreter (or srun), in a session of its
-    own (a timeout or Ctrl-C ends its tree), dying with the launcher."""
-    return subprocess.Popen(argv, stdout=log_fd, stderr=subprocess.STDOUT, env=env,
+    own (a timeout or Ctrl-C ends its tree), dying with the launcher. Its
+    standard input, and so every rank's, is /dev/null, as a zygote's agent's
+    is: never the launcher's terminal."""
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=subprocess.STDOUT, env=env,
                             start_new_session=True, preexec_fn=die_with_me())
 
 

@@ -64,7 +64,9 @@ import socket  # noqa: E402
 import traceback  # noqa: E402
 
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 MESSAGE_BYTES = 1 << 20
+LEFTOVER_GRACE_S = 3.0  # a process the ranks left: SIGTERM, then SIGKILL after this
 
 
 def _prctl():
@@ -224,6 +226,11 @@ class Server:
             prctl = _prctl()
             if prctl is not None:
                 prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+            # What a rank leaves (a helper that called setsid, a double-forked
+            # daemon) becomes this agent's, never init's, and ends with it:
+            # the launcher finds it in the tree it watches, as an exec'd
+            # process's environment names the launch (a forked one's does not).
+            become_subreaper()
             signal.set_wakeup_fd(-1)
             for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGPIPE):
                 signal.signal(sig, signal.SIG_DFL)
@@ -267,9 +274,66 @@ def exit_after(body) -> None:
     except BaseException:  # noqa: BLE001 - the log must say why the agent failed
         traceback.print_exc()
     finally:
+        try:
+            end_leftovers()
+        except BaseException:  # noqa: BLE001 - the launcher ends what is left
+            traceback.print_exc()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def become_subreaper() -> bool:
+    """This process adopts its descendants' orphans (PR_SET_CHILD_SUBREAPER)."""
+    prctl = _prctl()
+    return prctl is not None and prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
+
+def _children() -> list[int]:
+    """This process's live children (zombies reaped here), from /proc."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            break
+    me, found = os.getpid(), []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == me and fields[0] != b"Z":
+            found.append(int(name))
+    return found
+
+
+def end_leftovers(grace_s: float = LEFTOVER_GRACE_S) -> list[int]:
+    """End what the ranks left to this agent (its subreaper's orphans, once
+    torchrun's main returned, all its ranks ended): SIGTERM, SIGKILL after
+    ``grace_s``; their own children, orphaned in turn, with them. The pids
+    found, in the order found."""
+    import time
+
+    signalled: dict[int, float] = {}
+    deadline = time.monotonic() + grace_s + 5.0
+    while (left := _children()) and time.monotonic() < deadline:
+        now = time.monotonic()
+        for pid in left:
+            sig = signal.SIGTERM if pid not in signalled else signal.SIGKILL
+            if pid in signalled and now - signalled[pid] < grace_s:
+                continue
+            signalled.setdefault(pid, now)
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
+    return list(signalled)
 
 
 def startup_modules() -> dict[str, str]:

@@ -128,6 +128,23 @@ def watch_launcher(environ: dict[str, str] | None = None) -> threading.Thread | 
     return thread
 
 
+class RankBreakpoint(RuntimeError):
+    """``breakpoint()`` in a rank, where no debugger can read a command."""
+
+
+def rank_breakpoint(*args: Any, **kwargs: Any) -> Any:
+    """``sys.breakpointhook`` in a rank: Python's own where $PYTHONBREAKPOINT
+    chooses (a debugger listening on a socket, or 0 for none); else a
+    sentence, where pdb would read end of file from the rank's standard input
+    (/dev/null, forked or exec'd) and end in an empty BdbQuit."""
+    if os.environ.get("PYTHONBREAKPOINT"):
+        return sys.__breakpointhook__(*args, **kwargs)
+    raise RankBreakpoint(
+        f"breakpoint() in rank {os.environ.get('RANK', '?')}: a rank's standard input is /dev/null, so pdb "
+        "cannot read a command there; set PYTHONBREAKPOINT to a debugger that listens on a socket (a remote "
+        "pdb), or PYTHONBREAKPOINT=0 to pass over breakpoints, or take the breakpoint() out")
+
+
 def skip_reason(err: BaseException) -> str | None:
     """The reason of a ``pytest.skip`` (or of ``pytest.xfail``) raised by the
     workload, else None; pytest itself need not be imported to tell."""
@@ -204,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     # during these milliseconds since exec; the watchdog sees to that case.)
     die_with_parent(os.getppid())
     watch_launcher()
+    sys.breakpointhook = rank_breakpoint
     # Imported here, not at the top: perfsuite.rank.meter imports torch (after the
     # two lines above), and perfsuite.hardware (~20 ms) is rank 0's alone.
     from perfsuite.rank.meter import Progress
@@ -270,5 +288,7 @@ if __name__ == "__main__":
     sys.stderr.flush()
     # The record is written and the process group destroyed: skip the
     # interpreter's finalisation (tearing down torch's modules), which is
-    # pure launch overhead: ~1 s of every launch on the 2-core machine.
+    # pure launch overhead: ~1 s of every launch on the 2-core machine. So
+    # no atexit handler runs, and threads and children the workload left are
+    # not waited for; a forked rank ends alike (perfsuite/rank/forked.py).
     os._exit(code)
