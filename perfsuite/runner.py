@@ -6,7 +6,6 @@ Shared by the pytest plugin and ``perfsuite run`` so both take one path.
 from __future__ import annotations
 
 import os
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -20,10 +19,10 @@ from perfsuite.launch import launch as launching
 from perfsuite.launch import multinode
 from perfsuite.launch.launch import LaunchOptions
 from perfsuite.launch.preflight import assess, probe_cell
-from perfsuite.results import ResultsFile, merge_repeats
+from perfsuite.results import ResultsFile, aggregate, merge_repeats
 from perfsuite.schemas.records import CellResult
 from perfsuite.schemas.results import load
-from perfsuite.system import atomic
+from perfsuite.system import atomic, lifetime
 from perfsuite.system.folders import folder_problem
 from perfsuite.system.locking import HOLDER_NAME, LOCK_NAME, FolderLock, LockBusy
 
@@ -45,15 +44,11 @@ def default_out_dir(root: Path | str = ".") -> Path:
     return path
 
 
-def _interrupt_on_sigterm(signum, frame):
-    # SIGTERM (a CI job cancelled, a scheduler's time limit) takes the same
-    # path as Ctrl-C: the running cell's ranks are ended, results stay.
-    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
-
-
 def handle_sigterm() -> Any:
-    """Make SIGTERM interrupt like SIGINT; returns the previous handler."""
-    return signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
+    """SIGTERM and SIGHUP interrupt as Ctrl-C does, and a second signal does
+    not cut the bookkeeping short (perfsuite.system.lifetime); returns the
+    function that puts the previous handlers back."""
+    return lifetime.interrupt_on_signals()
 
 
 # "Unknown" step-time verdicts of repeated launches: as many launches again,
@@ -143,6 +138,9 @@ class Runner:
         SessionError (or BaselineError) with the path and the fix."""
         if self._lock is not None:
             return
+        gone = lifetime.working_directory_problem()  # torch's own libraries fail there
+        if gone:
+            raise SessionError(gone)
         out = self.out_dir
         if out.exists() and not out.is_dir():
             raise SessionError(f"output directory {out} is a file; give a directory to --out")
@@ -303,6 +301,11 @@ class Runner:
                      "traceback": traceback.format_exc()}]
 
     def _measure(self, cell: Cell) -> CellResult:
+        gone = lifetime.working_directory_problem()
+        if gone:  # removed mid-session: the ranks cannot start in it; not launched
+            result = aggregate(cell, [], status="error", reason=f"not launched: {gone} with --resume",
+                               duration_s=0.0)
+            return {**result, "checks": [], "remeasured": 0}
         assessment = self.preflight(cell.device).get("assessment", {})
         launches: list[dict[str, Any]] = []
         for round_ in range(REMEASURE_ROUNDS + 1):

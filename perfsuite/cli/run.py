@@ -121,13 +121,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         runner.begin()
     except (SessionError, BaselineError) as err:
         raise UsageProblem(f"perfsuite run: {err}") from None
-    previous = handle_sigterm()
+    restore = handle_sigterm()  # SIGTERM, SIGHUP: as Ctrl-C, and once
     measured: list = []
     ending = {"json_args": args if args.json else None, "history": args.history, "commit": args.commit,
               "branch": args.branch}
     try:
         return _run_cells(runner, chosen, args.fail_on_skipped, measured, **ending)
     except KeyboardInterrupt as stop:
+        from perfsuite.system.lifetime import finishing
+
+        finishing()  # a second Ctrl-C waits for the summary, the report and the mark
         print(f"interrupted ({str(stop) or 'Ctrl-C'}): {len(runner.results)} cell(s) kept in "
               f"{runner.out_dir / 'results.json'}; the same command with --resume measures the rest",
               file=sys.stderr, flush=True)
@@ -143,10 +146,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     finally:
         runner.end()
-        if previous is not None:
-            import signal
-
-            signal.signal(signal.SIGTERM, previous)
+        if restore is not None:
+            restore()
 
 
 def _run_cells(runner, chosen: list, fail_on_skipped: bool, measured: list, **ending) -> int:

@@ -93,11 +93,16 @@ def read_stacks(directory: Path) -> dict[int, str]:
     return out
 
 
-def _main_thread_top(stack: str) -> str:
-    """The innermost frame of the thread faulthandler calls 'most recent call first'."""
+def _main_thread_frames(stack: str) -> list[str]:
+    """The frames of the thread faulthandler calls 'most recent call first', innermost first."""
     blocks = re.split(r"\n(?=(?:Current thread|Thread) 0x)", stack)
     main = next((b for b in blocks if b.startswith("Current thread")), blocks[-1])
-    frames = [ln.strip() for ln in main.splitlines()[1:] if ln.strip().startswith("File")]
+    return [ln.strip() for ln in main.splitlines()[1:] if ln.strip().startswith("File")]
+
+
+def _main_thread_top(stack: str) -> str:
+    """The innermost frame of that thread."""
+    frames = _main_thread_frames(stack)
     return frames[0] if frames else "no Python frame"
 
 
@@ -125,20 +130,64 @@ class ProgressWatch:
         return "; ".join(parts)
 
 
+# What a rank imports before it reports anything (perfsuite.rank.worker): a
+# fresh interpreter's seconds under --rank-start exec.
+STARTING = "importing torch and perfsuite, before its first report"
+_MODULE_FRAME = re.compile(r'File "([^"<>]+)", line \d+ in <module>')
+
+
+def importing(stack: str) -> str | None:
+    """The module the stack's main thread is importing, by the innermost
+    module body run under importlib; None where it imports nothing."""
+    frames = _main_thread_frames(stack)
+    if not any("importlib._bootstrap" in frame for frame in frames):
+        return None
+    for frame in frames:
+        found = _MODULE_FRAME.search(frame)
+        if found:
+            return _module_name(found.group(1))
+    return None
+
+
+def _module_name(path: str) -> str:
+    """torchvision.models for .../site-packages/torchvision/models/__init__.py;
+    a file outside an installed package by its own name."""
+    for root in ("site-packages/", "dist-packages/"):
+        if root in path:
+            return path.rsplit(root, 1)[1].removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+    file = Path(path)
+    return file.parent.name if file.stem == "__init__" else file.stem
+
+
+def _where(rank: int, progress: dict[int, dict], stacks: dict[int, str]) -> str:
+    """Where one rank was: still starting, stuck in its set-up, or at a step."""
+    if rank not in progress:
+        return f"rank {rank} still starting ({STARTING})"
+    stack = stacks.get(rank)
+    module = importing(stack) if stack else None
+    frame = f" ({_main_thread_top(stack)})" if stack else ""
+    if progress[rank]["phase"] == "start":  # its workload had not begun its first step
+        if module:
+            return f"rank {rank} still starting: importing {module}{frame}"
+        return f"rank {rank} hung in its set-up, before its first step{frame}"
+    return (f"rank {rank} hung at step {progress[rank]['step']} in {progress[rank]['phase']}"
+            + (f", importing {module}" if module else "") + frame)
+
+
 def hang_report(processes: int, progress: dict[int, dict], stacks: dict[int, str]) -> str:
-    """Which rank is stuck at which step, and where the others wait."""
+    """Which rank is stuck at which step, and where the others wait; ranks
+    still starting (importing) are said so, not called hung."""
     if not progress:
-        return "no rank reported progress: the cell hung before its first step"
+        return (f"no rank had begun its workload: the ranks were still starting ({STARTING}; "
+                "seconds for a fresh interpreter, --rank-start exec) when the timeout ended them; "
+                "give the launch a timeout longer than its start")
     steps = {r: p["step"] for r, p in progress.items()}
     lowest = min(steps.values())
     behind = [r for r, s in steps.items() if s == lowest]
     silent = [r for r in range(processes) if r not in progress]
     stuck = [r for r in behind if r in stacks and not _WAITING.search(stacks[r])]
     culprits = silent or stuck or behind
-    parts = [f"rank {r} hung at step {steps.get(r, 0)}"
-             + (f" in {progress[r]['phase']}" if r in progress else " before its first step")
-             + (f" ({_main_thread_top(stacks[r])})" if r in stacks else "")
-             for r in culprits]
+    parts = [_where(r, progress, stacks) for r in culprits]
     waiting = [r for r in sorted(steps) if r not in culprits]
     if waiting:
         parts.append("waiting: " + ", ".join(

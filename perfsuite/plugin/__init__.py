@@ -181,20 +181,20 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         runner.begin()
     except (SessionError, BaselineError) as err:
         raise pytest.UsageError(f"perfsuite: {err}") from None
-    # Only a session that measures: a CI cancel then ends the running cell,
-    # keeps the rest and writes the report; other pytest runs keep SIGTERM as is.
+    # Only a session that measures: a CI cancel or a dropped ssh session then ends
+    # the running cell, keeps the rest and writes the report (a second Ctrl-C
+    # waits for that); other pytest runs keep their signals as they are.
     from perfsuite.runner import handle_sigterm
 
     config.stash[PREVIOUS_SIGTERM] = handle_sigterm()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    import signal
     import sys
 
-    previous = config.stash.get(PREVIOUS_SIGTERM, None)
-    if previous is not None:
-        signal.signal(signal.SIGTERM, previous)
+    restore = config.stash.get(PREVIOUS_SIGTERM, None)
+    if restore is not None:
+        restore()
     session = config.stash.get(SESSION_KEY, None)
     if session is not None:
         session.end()

@@ -190,7 +190,10 @@ def trends_link(base: Path | str | None) -> dict[str, Any] | None:
     is no such store."""
     if base is None:
         return None
-    store = Path.cwd() / DEFAULT_PATH
+    try:
+        store = Path.cwd() / DEFAULT_PATH
+    except OSError:  # the working directory removed under the session: no store here
+        return None
     if not store.is_file():
         return None
     page = store.with_name(DEFAULT_NAME)

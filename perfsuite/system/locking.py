@@ -19,6 +19,8 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
+from perfsuite.system import atomic
+
 LOCK_NAME = ".perfsuite.lock"
 HOLDER_NAME = ".perfsuite.lock.json"
 
@@ -75,9 +77,12 @@ class FolderLock:
         self.took_over = _read_holder(self.holder_file)
         me = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),
               "argv": sys.argv, "purpose": self.purpose}
-        tmp = self.holder_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(me))
-        os.replace(tmp, self.holder_file)
+        try:  # whole or not at all; a full disk leaves no temporary file
+            atomic.atomic_write_text(self.holder_file, json.dumps(me))
+        except BaseException:  # not taken after all: the folder as it was
+            self._tidy(holder_too=self.took_over is None)
+            self._lock.release()
+            raise
         return self
 
     def stale_message(self) -> str | None:
@@ -88,15 +93,17 @@ class FolderLock:
 
     def release(self) -> None:
         if self._lock.is_locked:
-            self.holder_file.unlink(missing_ok=True)
             self._tidy()
             self._lock.release()
 
-    def _tidy(self) -> None:
+    def _tidy(self, holder_too: bool = True) -> None:
         """A session that wrote nothing (refused after it took the folder)
-        leaves nothing: the lock file goes, and the folder if the lock made
-        it. Done while still holding the lock; one that wrote keeps both."""
+        leaves nothing: the holder file goes (``holder_too``), then the lock
+        file, and the folder if the lock made it. Done while still holding
+        the lock; one that wrote keeps both."""
         try:
+            if holder_too:
+                self.holder_file.unlink(missing_ok=True)
             if {e.name for e in os.scandir(self.folder)} != {LOCK_NAME}:
                 return
             (self.folder / LOCK_NAME).unlink()

@@ -65,13 +65,13 @@ def _perfsuite(*args, **kw):
 def test_sigterm_takes_the_ctrl_c_path():
     from perfsuite.runner import handle_sigterm
 
-    previous = handle_sigterm()
+    restore = handle_sigterm()
     try:
         with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(5)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        restore()
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT])
