@@ -72,6 +72,9 @@ def _cmd_mark(args: argparse.Namespace) -> int:
     from perfsuite.history.marks import mark_runs
     from perfsuite.history.store import History, HistoryError
 
+    if args.history_purpose is None:
+        return _fail("mark", ValueError(f"give --history-purpose {'|'.join(PURPOSES)}: the purpose the runs "
+                                        "are marked with"))
     try:  # read_only=False: an older store is migrated in place, never marked in a copy
         with History(args.history, create=False, read_only=False) as history:
             marked = mark_runs(history, args.runs, args.history_purpose)
@@ -253,11 +256,11 @@ def _cmd_show(args: argparse.Namespace) -> int:
             hint = (f": it is stored, but no run of it finished ok with a {args.metric}"
                     + (f" on branch {args.branch}" if args.branch else "")
                     + (f" since {args.since}" if args.since else ""))
+        elif not left_out and _known_cell(args.cell):  # a valid id: no other cell is what was meant
+            hint = ": a cell perfsuite knows, not stored in this history yet (`perfsuite run` with --history stores it)"
         else:
             close = [c for c in difflib.get_close_matches(args.cell, known, n=4) if c != args.cell][:3]
             hint = f"; did you mean {', '.join(close)}?" if close else ""
-            if not close and not left_out and _known_cell(args.cell):
-                hint = ": a cell perfsuite knows, not stored in this history yet (`perfsuite run` with --history stores it)"
         hint += f"; {left_out_line(left_out)}" if left_out else ""
         return _fail("show", LookupError(f"no {args.metric} history of {args.cell}{hint}"))
     if args.json:
@@ -365,8 +368,8 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
                    help="a stored run: its key (or 4+ characters of it), a commit (or its prefix), or the "
                         "folder or results.json it was added from; a commit names each run of it")
     _store_option(p)
-    purpose = p.add_argument("--history-purpose", choices=PURPOSES, required=True,
-                             help="the purpose the runs are marked with")
+    purpose = p.add_argument("--history-purpose", choices=PURPOSES,
+                             help="the purpose the runs are marked with (required)")
     options.add_old_name(p, "--purpose", purpose)
     p.add_argument("--json", action="store_true", help="print the runs marked as JSON")
     p.set_defaults(func=_cmd_mark)
