@@ -19,9 +19,14 @@ def _results_file(path: Path) -> Path:
 
 def _cells(path: Path) -> dict[str, dict[str, Any]]:
     """A run's measured cells by id (a cell launched again: its first result)."""
+    import json
+
     from perfsuite.schemas.results import load
 
     try:
+        single = json.loads(path.read_text()) if path.is_file() else None
+        if isinstance(single, dict) and "id" in single and "metrics" in single:  # one cell's result.json
+            return {single["id"]: single} if single.get("status") == "ok" else {}
         run = load(path)
     except (OSError, ValueError) as err:
         raise UsageProblem(f"perfsuite diff: {err}") from None
@@ -73,7 +78,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                    "with --profiler torch, or profile cells): the rows that explain the "
                                    "step-time change, per level, above the diff's own noise. Exit 0, or "
                                    "2 where a run cannot be read or a cell has no profile summary.")
-    p.add_argument("run_a", type=Path, help="reference run (directory or results.json)")
+    p.add_argument("run_a", type=Path, help="reference run (directory, results.json, or a cell's result.json)")
     p.add_argument("run_b", type=Path, help="run to explain")
     p.add_argument("--cell", action="append", metavar="ID", help="only this cell (repeatable; default: every shared one)")
     p.add_argument("--top", type=int, default=3, help="rows shown per cell")
@@ -82,3 +87,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--markdown", action="store_true", help="print markdown tables instead")
     p.add_argument("--json", action="store_true", help="print the attributions as a JSON array")
     p.set_defaults(func=cmd_diff)
+
+
+def print_attributions(run_a: dict[str, Any], run_b: dict[str, Any], top: int = 3) -> None:
+    """``perfsuite compare``'s part: the attribution of every shared cell
+    both runs profiled (cells without a profile summary say nothing)."""
+    from perfsuite.profiling.attribution import attribute_results, format_attribution
+
+    b_cells = {c["id"]: c for c in run_b["cells"] if c.get("status") == "ok"}
+    seen = set()
+    for a in run_a["cells"]:
+        b = b_cells.get(a["id"])
+        if a.get("status") != "ok" or b is None or a["id"] in seen:
+            continue
+        seen.add(a["id"])
+        diff = attribute_results(a, b)
+        if diff is not None:
+            print(f"{a['id']}: where the step time went (perfsuite diff)\n{format_attribution(diff, top=top)}")

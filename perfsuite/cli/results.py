@@ -41,6 +41,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     else:
         for v in verdicts:
             print(f"{v.get('cell')}  {v['name']:<24} {v['verdict'].upper():<10} {v.get('message', '')}")
+        from perfsuite.cli.diff import print_attributions
+
+        print_attributions(run_a, run_b)  # where both sides of a cell were profiled
     if any(v["verdict"] in ("regressed", "fail") for v in verdicts):
         return EXIT_FAILED
     shared = {c["id"] for c in run_a["cells"]} & {c["id"] for c in run_b["cells"]}

@@ -33,6 +33,8 @@ COMMANDS = {  # subcommand: (its one-line help, its old command)
     "launch-cost": ("where a launch's wall time goes (before training: start, imports and the "
                     "workload's set-up; training, counting, exit), ranks forked from a zygote "
                     "against fresh interpreters", None),
+    "attribution": ("whether `perfsuite diff` names an injected conv spin, all-reduce, parameter copy "
+                    "and slower Linear (and nothing in an unchanged pair), on profiled CPU launches", None),
 }
 
 
@@ -123,7 +125,30 @@ def _launch_cost_options(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=cmd_launch_cost, launches_cells=True)
 
 
-ADD_OPTIONS = {"verdict-detection": _verdict_detection_options,
+def _attribution_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sessions", type=int, default=10, help="sessions per fault, each two profiled launches")
+    p.add_argument("--faults", default="conv-spin,allreduce,copy,slow-linear,unchanged", metavar="NAME[,NAME...]",
+                   help="the faults injected into side B, in this order")
+    p.add_argument("--cell", default="smoke/image/ddp/c2/fp32/px32/nopin/nchw", help="the cell launched")
+    p.add_argument("--out", type=Path, metavar="DIR", help="where the launches and attribution-selftest.json "
+                                                           "go (default: a new temporary folder)")
+    p.add_argument("--json", action="store_true", help="print only the figures, as JSON")
+    p.set_defaults(func=cmd_attribution, launches_cells=True)
+
+
+def cmd_attribution(args: argparse.Namespace) -> int:
+    from perfsuite.selftest.attribution import figure_lines, measure_attribution
+
+    try:
+        out = measure_attribution(args.sessions, tuple(f.strip() for f in args.faults.split(",") if f.strip()),
+                                  args.cell, args.out, log=(lambda line: None) if args.json else print)
+    except (ValueError, KeyError, RuntimeError) as err:
+        print(f"perfsuite selftest attribution: {str(err).strip(chr(39))}", file=sys.stderr)
+        return EXIT_USAGE
+    return _figures(args, out, figure_lines(out))
+
+
+ADD_OPTIONS = {"attribution": _attribution_options, "verdict-detection": _verdict_detection_options,
                "history-detection": _history_detection_options, "overhead": _overhead_options,
                "launch-cost": _launch_cost_options}
 

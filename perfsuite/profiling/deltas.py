@@ -1,5 +1,6 @@
 """Which rows moved between two profile summaries: a plain per-row delta
-(``attribute_change``), kept for the report's profile table. The
+(``attribute_change``) of two ProfileSummary objects, kept for the report's
+profile table (summary.py imports it: no import back). The
 attribution diff with matching, levels and a noise floor is
 perfsuite.profiling.attribution."""
 
@@ -8,10 +9,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from .summary import ProfileSummary
 
 @dataclass(frozen=True)
 class RowDelta:
@@ -42,8 +41,8 @@ class RowDelta:
 
 
 def attribute_change(
-    baseline: ProfileSummary,
-    current: ProfileSummary,
+    baseline: Any,
+    current: Any,
     *,
     top: int = 10,
     by: str = "abs",

@@ -182,3 +182,41 @@ def test_a_model_without_the_faulted_class_is_refused_by_name():
 
     with pytest.raises(ValueError, match="no Conv2d"):
         faults.extra_work(faults.Fault.parse("conv-spin:*:2:0.1"), 0, 0, nn.Sequential(nn.Linear(2, 2)))
+
+
+RUN = Path(__file__).resolve().parents[1] / "data" / "h100-2026-11-26" / "gate-px500-g1.results.json"
+
+
+def _run(tmp_path, name, profile=None, step_time=None):
+    run = json.loads(RUN.read_text())
+    if profile is not None:
+        run["cells"][1]["profile"] = stored(profile)
+        run["cells"][1]["metrics"]["step_time"]["value"] = step_time
+    path = tmp_path / name / "results.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(run))
+    return path, run["cells"][1]["id"]
+
+
+def test_diff_refuses_runs_without_profile_summaries_naming_the_file_and_how_to_get_one(tmp_path, capsys):
+    from perfsuite.cli.main import main
+
+    a, _ = _run(tmp_path, "a")
+    b, _ = _run(tmp_path, "b")
+    assert main(["diff", str(a.parent), str(b)]) == 2
+    err = capsys.readouterr().err
+    assert str(a) in err and "--profiler torch" in err and "has no profile summary" in err
+
+
+def test_diff_prints_each_profiled_cells_change_and_its_top_row(tmp_path, capsys):
+    from perfsuite.cli.main import main
+
+    a, cell = _run(tmp_path, "a", "mobilenet-cpu-a", 0.1219)
+    b, _ = _run(tmp_path, "b", "mobilenet-cpu-conv-spin", 0.1365)
+    assert main(["diff", str(a), str(b), "--cell", cell]) == 0
+    out = capsys.readouterr().out
+    assert f"{cell}: step time 121.90 ms -> 136.50 ms (+12.0 %)" in out
+    assert "features.0.0 (Conv2d) forward" in out and "explained: module" in out
+    assert main(["diff", str(a), str(b), "--cell", cell, "--json"]) == 0
+    (document,) = json.loads(capsys.readouterr().out)
+    assert document["attribution"]["top"][0]["name"] == "features.0.0 (Conv2d) forward"
