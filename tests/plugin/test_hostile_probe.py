@@ -27,8 +27,8 @@ exactly those checks, after all of them ran, and fails on any other; a known
 check that passes again fails the case too ("drop it from known"), so a fix
 is seen.
 
-Cost (about 50 s on 2 cores): the cases that launch ranks are one ``perfsuite
-run`` process (five cells of a workload of the probe's own, one launch each),
+Cost (about 60 s on 2 cores): the cases that launch ranks are one ``perfsuite
+run`` process (nine cells of a workload of the probe's own, one launch each),
 one pytest session (one user test) and one ``perfsuite run`` of one cell
 (``--rank-start exec``); every other case must be refused before any launch,
 which ``no_launch`` makes a failure of its own.
@@ -103,8 +103,10 @@ pytest_plugins = ["pytester"]
 # ============================================================================ the launched session
 
 WORKLOAD = '''
+import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from perfsuite.steps import Dist, Steps
@@ -123,8 +125,72 @@ def helpers(kind, which):
     (HERE / f"helpers-{kind}.txt").write_text(" ".join(str(p.pid) for p in started))
 
 
+def sleeper():
+    time.sleep(600)
+
+
+def leave(kind):
+    """What a workload may leave as its rank ends (kinds 6-8): a thread, forked
+    children, a daemon; forked helpers' pids go to a file."""
+    import multiprocessing
+    import os
+    import threading
+
+    pids = []
+    if kind == 6:  # a logging thread that never ends, not a daemon
+        threading.Thread(target=sleeper, name="probe-logger").start()
+    if kind == 7:  # an os.fork child, and a multiprocessing one
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(600)
+            os._exit(0)
+        child = multiprocessing.get_context("fork").Process(target=sleeper)
+        child.start()
+        pids += [pid, child.pid]
+    if kind == 8:  # a child that called setsid, and a double-forked daemon
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.setsid()
+            time.sleep(600)
+            os._exit(0)
+        if os.fork() == 0:
+            os.setsid()
+            grandchild = os.fork()
+            if grandchild == 0:
+                time.sleep(600)
+                os._exit(0)
+            os.write(w, str(grandchild).encode())
+            os._exit(0)
+        os.close(w)
+        pids += [pid, int(os.read(r, 64))]
+    if pids:
+        (HERE / f"helpers-{kind}.txt").write_text(" ".join(map(str, pids)))
+
+
+def facts(kind):
+    """What a forked rank starts from (kinds 6, 7: two launches of one zygote)."""
+    import atexit
+    import os
+
+    import numpy
+    import torch
+
+    atexit.register(lambda: (HERE / f"atexit-{kind}.txt").write_text("ran"))
+    said = {"torch": torch.rand(1).item(), "numpy": float(numpy.random.rand()),
+            "stdin": [os.path.realpath("/proc/self/fd/0"), sys.stdin.name, sys.stdin is sys.__stdin__,
+                      sys.stdin.read()]}
+    (HERE / f"facts-{kind}.json").write_text(json.dumps(said))
+
+
 def run(cell, ctx):
     kind = cell.batch_size
+    if kind in (6, 7):
+        facts(kind)
+    if kind in (6, 7, 8):
+        leave(kind)
+    if kind == 9:
+        breakpoint()
     if kind == 1:
         return {"metrics": [0.1, 0.2], "steps": 2}
     if kind == 2:
@@ -149,8 +215,12 @@ name = "probe records"
 tier = "smoke"
 workload = "probework:run"
 fixed = {device = "cpu", timeout_s = 120}
-axes = {batch_size = [1, 2, 3, 4, 5]}
+axes = {batch_size = [1, 2, 3, 4, 5, 6, 7, 8, 9]}
 '''
+
+
+OWN_KINDS = range(1, 10)
+HELPER_KINDS = (4, 5, 7, 8)  # the kinds that leave helper processes, their pids in helpers-<kind>.txt
 
 
 def own_cell(kind: int) -> str:
@@ -488,7 +558,7 @@ def no_launch(monkeypatch):
 
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory):
-    """One `perfsuite run` of the five cells of the probe's own workload (one launch
+    """One `perfsuite run` of the nine cells of the probe's own workload (one launch
     each), as a user runs it: a process of its own, from the workload's folder."""
     folder = tmp_path_factory.mktemp("launched")
     (folder / "probework.py").write_text(WORKLOAD)
@@ -497,11 +567,12 @@ def launched(tmp_path_factory):
     watch = Watch(folder, Path(os.environ["PERFSUITE_HISTORY"]).parent)
     watch.start()
     kids = children()
-    done = subprocess.run([sys.executable, "-m", "perfsuite.cli.main", "run", *[own_cell(k) for k in range(1, 6)],
+    done = subprocess.run([sys.executable, "-m", "perfsuite.cli.main", "run", *map(own_cell, OWN_KINDS),
                            "--out", str(folder / "out"), *NO_LAUNCH], cwd=folder, capture_output=True, text=True,
                           env={**os.environ, "PERFSUITE_EXPERIMENTS": str(folder / "exp.toml")}, timeout=300)
     session = SimpleNamespace(folder=folder, code=done.returncode, text=done.stdout + done.stderr,
-                              strays=watch.strays(("out", "helpers-4.txt", "helpers-5.txt", "__pycache__")),
+                              strays=watch.strays(("out", "__pycache__", *(f"helpers-{k}.txt" for k in HELPER_KINDS),
+                                                   "facts-6.json", "facts-7.json")),
                               left=left_processes(folder) + new_children(kids))
     yield session
     kill_survivors(folder)
@@ -515,20 +586,24 @@ def check_launched(case: Case, session: SimpleNamespace) -> None:
 
     def kept() -> None:
         saved = {c["id"]: c for c in results.load(session.folder / "out")["cells"]}  # the schema, checked
-        assert sorted(saved) == sorted(own_cell(k) for k in range(1, 6))  # every cell kept, failed or not
+        assert sorted(saved) == sorted(map(own_cell, OWN_KINDS))  # every cell kept, failed or not
         mine = saved[own_cell(case.cell)]
         if case.cell <= 3:  # the record's error, naming the field, is the cell's
             assert mine["status"] == "error" and case.says[-1] in mine["reason"], mine["reason"]
             assert "WorkloadRecordError" in mine["reason"] or "TypeError" in mine["reason"], mine["reason"]
-        elif case.cell == 4:  # measured, and kept: no result lost
+        elif case.cell in (4, 6, 7, 8):  # measured, and kept: no result lost (threads, children left)
             assert mine["status"] == "ok", mine["reason"]
             step = mine["metrics"]["step_time"]
             assert step["n"] == 6 and all(s > 0 for s in step["samples"]), step
+        elif case.cell == 9:  # breakpoint(): a sentence, not an empty BdbQuit
+            assert mine["status"] == "error" and "RankBreakpoint" in mine["reason"], mine["reason"]
         else:
             assert mine["status"] == "error" and "RuntimeError" in mine["reason"], mine["reason"]
+        if case.check is not None:
+            case.check(session.folder, session.text)
 
     verdicts.run("kept", kept)
-    if case.cell >= 4:
+    if case.cell in HELPER_KINDS:
         verdicts.run("processes", lambda: helpers_gone(session.folder, str(case.cell)))
     verdicts.expect("processes", session.left == [], f"left: {session.left}")
     verdicts.expect("files", session.strays == [], f"written: {session.strays}")
