@@ -16,26 +16,22 @@ nodes, a profiler) ``resident_refusal`` says why and ``perfsuite ab``
 compares whole launches in rounds instead, and says so in ab.json.
 
 Both sides share the GPU, and a parked side keeps what its caching
-allocator reserved. Before a CUDA cell ``plan_memory`` weighs its peak
-reserved memory (the baselines' ``peak_mem_reserved`` for this cell on this
-hardware) against the device's total (``choose_plan``): two sides that fit
-at their peak stay plainly resident; where only one side's peak beside the
-other's parked memory fits, each side empties its cache when it parks
-(perfsuite.rank.windows); where not even that fits, the cell runs in launch
-rounds. Without a recorded peak the ranks release, and the first side's
-warm-up measures it. Whatever the plan, the first side of a pair says what
-it holds once parked, and the second is started only where its peak fits
-in what is free (``memory_short``).
+allocator reserved: perfsuite.ab.memory plans how (``plan_memory``), and the
+second side of a pair is started only where it fits (``memory_short``).
+
+A launch's timeout (--timeout, else the cell's) bounds each side's start
+until its ranks are ready and each window, not the pair: the launch's own
+bound (``launch_bound``) is their sum. However a pair stops (a timeout, a
+failed side, Ctrl-C, a full disk) it stops as perfsuite.ab.stopping says.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import select
 import shutil
 import socket
-import tempfile
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -43,10 +39,22 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from perfsuite import hardware
+from perfsuite.ab.memory import (  # noqa: F401 - the plan's names, where callers find them
+    CONTEXT_BYTES,
+    LAUNCH_ROUNDS,
+    MARGIN,
+    PARKED_SHARE,
+    RELEASE,
+    RESIDENT,
+    MemoryPlan,
+    choose_plan,
+    device_memory,
+    memory_short,
+    plan_memory,
+    recorded_peak,
+)
+from perfsuite.ab.stopping import deferred_interrupts, end_processes, join_all, socket_folder
 from perfsuite.cells import Cell
-from perfsuite.judge.baselines import BaselineError, load_all
-from perfsuite.judge.lookup import find_expectation
 from perfsuite.launch.launch import LaunchOptions, run_cell
 from perfsuite.rank.windows import RELEASE_ENV, SIDE_ENV, SOCKET_ENV
 from perfsuite.stats.windows import ORDER, window_value
@@ -60,143 +68,21 @@ READY_TIMEOUT_S = 600.0  # both sides' start-up and warm-up on a loaded machine
 # that one quad widened a pair's interval from +-0.05 % to +-8 %.
 SETTLING_QUADS = 1
 STOP_TIMEOUT_S = 600.0  # after the windows: counters, accuracy, the results
+INTERRUPTED_STOP_S = 30.0  # Ctrl-C: the ranks find the coordinator gone; those that do not are ended
 
 
-# The memory plan's terms (choose_plan). Outside the caching allocator a
-# process holds its CUDA context, cuDNN and cuBLAS handles and NCCL's
-# buffers: about this much a side. A share of the device is kept free for
-# fragmentation and what these estimates miss.
-CONTEXT_BYTES = 1 << 30
-MARGIN = 0.05
-# What a parked side holds after emptying its cache, as a share of its peak,
-# where no rank has said: its weights, gradients and optimizer state (an
-# image cell's MobileNetV2: ~0.1 GB, in fp64) with room to spare.
-PARKED_SHARE = 0.25
-RESIDENT, RELEASE, LAUNCH_ROUNDS = "resident", "resident-release", "launch-rounds"
 
 
 class ResidentError(RuntimeError):
-    """A side's ranks did not come up, or went away during the windows."""
+    """A side's ranks did not come up, or went away during the windows (``side``: which)."""
+
+    def __init__(self, message: str, side: str | None = None) -> None:
+        super().__init__(message)
+        self.side = side
 
 
 class MemoryShort(ResidentError):
     """The second side of a pair would not fit beside the first, parked."""
-
-
-def _gb(value: float | None) -> str:
-    return "?" if value is None else f"{value / 1e9:.1f} GB"
-
-
-@dataclass(frozen=True)
-class MemoryPlan:
-    """How two sides of a CUDA cell share its GPU, and why (ab.json's ``memory``)."""
-
-    plan: str  # RESIDENT, RELEASE or LAUNCH_ROUNDS
-    peak_reserved: int | None  # bytes a side reserves at its peak (per GPU)
-    device_total: int | None  # the device's bytes (the smallest of the cell's GPUs)
-    source: str  # where peak_reserved came from
-    reason: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"plan": self.plan, "peak_reserved": self.peak_reserved, "device_total": self.device_total,
-                "source": self.source, "reason": self.reason}
-
-    @property
-    def release(self) -> bool:
-        return self.plan == RELEASE
-
-    @property
-    def need_bytes(self) -> int | None:
-        """What the second side of a pair needs free: its peak and its context."""
-        return None if self.peak_reserved is None else int(self.peak_reserved) + CONTEXT_BYTES
-
-    def line(self) -> str:
-        """The terminal's word on it."""
-        peak = (f"peak reserved {_gb(self.peak_reserved)} a side, from {self.source}"
-                if self.peak_reserved is not None else f"peak reserved unknown: {self.source}")
-        return f"memory plan: {self.plan} ({peak}; device {_gb(self.device_total)}): {self.reason}"
-
-
-def choose_plan(peak: float | None, total: int | None, source: str, parked: float | None = None) -> MemoryPlan:
-    """The plan for sides that reserve ``peak`` bytes each on a ``total``-byte
-    device (``parked``: what a side holds with its cache emptied, where known)."""
-    peak = None if peak is None else int(peak)
-    if peak is None or total is None:
-        missing = "no recorded peak" if peak is None else "the device's memory unknown here"
-        return MemoryPlan(RELEASE, peak, total, source, (
-            f"{missing}: each side empties its cache when parked, and the first side's warm-up "
-            "measures what it holds before the second starts"))
-    usable, side = total * (1 - MARGIN), peak + CONTEXT_BYTES
-    held = (PARKED_SHARE * peak if parked is None else parked) + CONTEXT_BYTES
-    kept = f"{_gb(usable)} usable of {_gb(total)} ({MARGIN * 100:.0f} % kept free)"
-    if 2 * side <= usable:
-        return MemoryPlan(RESIDENT, peak, total, source,
-                          f"two sides at their peak, {_gb(2 * side)} with their contexts, fit in {kept}")
-    if side + held <= usable:
-        return MemoryPlan(RELEASE, peak, total, source, (
-            f"two sides at their peak would need {_gb(2 * side)}, more than {kept}: each side empties "
-            f"its cache when parked, so one side's {_gb(side)} beside the other's parked "
-            f"{_gb(held)}{'' if parked is not None else ' (assumed)'} fits"))
-    return MemoryPlan(LAUNCH_ROUNDS, peak, total, source, (
-        f"one side's {_gb(side)} beside the other's parked {_gb(held)} would not fit in {kept}: "
-        "its launches run in rounds, one at a time"))
-
-
-def device_memory(cell: Cell, launch: LaunchOptions | None) -> int | None:
-    """The total bytes of the smallest GPU the cell's ranks use, as torch sees
-    it here; None where torch sees none."""
-    import torch
-
-    try:
-        if not torch.cuda.is_available():
-            return None
-        count = torch.cuda.device_count()
-        chosen = [g for g in ((launch.gpus if launch else None) or range(count)) if 0 <= g < count]
-        chosen = chosen[:max(cell.world_size, 1)]
-        return min(int(torch.cuda.get_device_properties(g).total_memory) for g in chosen) if chosen else None
-    except (RuntimeError, AssertionError, AttributeError):
-        return None
-
-
-def recorded_peak(cell: Cell) -> tuple[float | None, str]:
-    """The cell's peak reserved memory recorded on this hardware, and where
-    it is from (or why there is none)."""
-    try:
-        sets = load_all()
-    except BaselineError as err:
-        return None, f"no baselines read ({err})"
-    found = find_expectation(cell.params(), "peak_mem_reserved", hardware.profile_id(hardware.fingerprint()),
-                             sets=sets)
-    if found.value:
-        return float(found.value), f"baselines {found.baseline} ({found.source})"
-    return None, found.reason
-
-
-def plan_memory(cell: Cell, launch: LaunchOptions | None) -> MemoryPlan | None:
-    """The plan for a resident session of ``cell`` (None for a CPU cell)."""
-    if cell.device != "cuda":
-        return None
-    peak, source = recorded_peak(cell)
-    return choose_plan(peak, device_memory(cell, launch), source)
-
-
-def memory_short(reports: dict[int, dict[str, Any]], need: int | None) -> str | None:
-    """Why a second side would not fit beside a first that reported
-    ``reports`` (rank -> what it holds, parked), None where it fits or the
-    ranks told nothing (CPU). ``need``: the second side's bytes, else the
-    first side's own peak and a context."""
-    told = [r for r in reports.values() if r.get("free") is not None]
-    if not told:
-        return None
-    peak = max(float(r.get("peak_reserved") or 0) for r in told)
-    wanted = need if need is not None else peak + CONTEXT_BYTES
-    free, total = min(float(r["free"]) for r in told), max(float(r.get("total") or 0) for r in told)
-    if wanted <= free - MARGIN * total:
-        return None
-    return (f"the second side needs ~{_gb(wanted)} (its peak reserved and a context), and the first, "
-            f"parked{' with its cache emptied' if all(r.get('released') for r in told) else ''}, "
-            f"left {_gb(free)} free of {_gb(total)} ({MARGIN * 100:.0f} % kept free); the first side's peak "
-            f"was {_gb(peak)}")
 
 
 def resident_refusal(cell: Cell, launch: LaunchOptions | None) -> str | None:
@@ -224,8 +110,8 @@ class Coordinator:
     connect to (in a short temporary folder: a socket path has 108 bytes)."""
 
     def __init__(self) -> None:
-        self.folder = tempfile.mkdtemp(prefix="perfsuite-ab-")
-        self.path = os.path.join(self.folder, "windows.sock")
+        self.folder = socket_folder()
+        self.path = str(Path(self.folder) / "windows.sock")
         self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.server.bind(self.path)
         self.server.listen(64)
@@ -247,10 +133,11 @@ class Coordinator:
         while not all(self.ready(side) for side in sides):
             for side in sides:
                 if not self.ready(side) and not alive(side):
-                    raise ResidentError(f"side {side}'s launch ended before its ranks were ready")
+                    raise ResidentError(f"side {side}'s launch ended before its ranks were ready", side)
             if time.monotonic() - started > timeout_s:
                 waiting = [s for s in sides if not self.ready(s)]
-                raise ResidentError(f"side(s) {', '.join(waiting)} not ready within {timeout_s:.0f} s")
+                raise ResidentError(f"side {', '.join(waiting)}: its ranks were not ready within the "
+                                    f"timeout of {timeout_s:.0f} s (--timeout)", waiting[0])
             readable, _, _ = select.select([self.server, *self._pending], [], [], 0.5)
             for sock in readable:
                 if sock is self.server:
@@ -290,15 +177,31 @@ class Coordinator:
                 rank.file.write(json.dumps({"steps": steps}) + "\n")
                 rank.file.flush()
             replies = [rank.file.readline() for rank in ranks]
-        except (OSError, TimeoutError) as err:
-            raise ResidentError(f"side {side}: a rank did not finish its window ({err})") from None
+        except TimeoutError:
+            raise ResidentError(f"side {side}: a rank did not finish its {steps}-step window within the "
+                                f"timeout of {timeout_s:.0f} s (--timeout)", side) from None
+        except OSError as err:
+            raise ResidentError(f"side {side}: a rank did not finish its window ({err})", side) from None
         if not all(replies):
-            raise ResidentError(f"side {side}: a rank went away during a window")
+            raise ResidentError(f"side {side}: a rank went away during a window", side)
         messages = [json.loads(line) for line in replies]
         for rank, message in zip(sorted(self.ranks[side]), messages):
             if message.get("memory"):
                 self.memory[side][rank] = message["memory"]
         return [list(message["times"]) for message in messages]
+
+    def pids(self, side: str) -> list[int]:
+        """The processes of ``side``'s ranks: those that said they are ready
+        and, while the side is not, those still warming up (their socket's peer)."""
+        found = [rank.pid for rank in self.ranks[side].values()]
+        if not self.ready(side):
+            for conn in self._pending:
+                try:
+                    found.append(struct.unpack("3i", conn.getsockopt(
+                        socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[0])
+                except (OSError, AttributeError, struct.error):
+                    continue
+        return [pid for pid in found if pid > 0]
 
     def stop(self, sides: tuple[str, ...] = ("A", "B")) -> None:
         """No more windows: every rank of ``sides`` goes on to the end of its launch."""
@@ -340,11 +243,19 @@ class PairRun:
     error: str | None = None
     memory: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # each side's ranks' last word
     short: str | None = None  # the second side not started: it would not have fit (memory_short)
+    failed: str | None = None  # the side whose ranks hung, went away or never came up
+    raised: dict[str, BaseException] = field(default_factory=dict)  # a side's launch that raised
 
 
 def judged(windows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The windows a verdict weighs: all but the settling quads'."""
     return [w for w in windows if not w.get("settling")]
+
+
+def launch_bound(timeout: float, quads: int, settling_quads: int = SETTLING_QUADS) -> float:
+    """A resident launch's own timeout: its start and the other side's, every
+    window of the pair (both sides'), each within ``timeout``, and its end."""
+    return timeout * (2 + len(ORDER) * (settling_quads + quads)) + STOP_TIMEOUT_S + timeout
 
 
 def run_pair(cell: Cell, options: dict[str, LaunchOptions], dirs: dict[str, Path], *, quads: int,
@@ -355,16 +266,27 @@ def run_pair(cell: Cell, options: dict[str, LaunchOptions], dirs: dict[str, Path
     """One launch of each side, resident together (side ``first`` launched
     first), ``settling_quads`` ABBA quads of windows marked ``settling``, then
     ``quads`` judged ones (fewer where ``stop_after(judged windows)`` says so
-    after a quad). ``release``: the ranks empty their CUDA cache whenever
-    parked. The second side starts only where ``memory_short`` finds room
-    for ``need_bytes`` (else the first side's own peak) beside the first."""
+    after a quad), each window handed to ``on_window`` as it ends. ``release``:
+    the ranks empty their CUDA cache whenever parked. The second side starts
+    only where ``memory_short`` finds room for ``need_bytes`` (else the first
+    side's own peak) beside the first. An interrupt (or any error of
+    ``on_window``'s) ends both sides as a failure does, then is raised again."""
     coordinator = Coordinator()
     results: dict[str, dict[str, Any]] = {}
+    raised: dict[str, BaseException] = {}
     threads: dict[str, threading.Thread] = {}
     windows: list[dict[str, Any]] = []
-    ready_s, error, short = None, None, None
+    ready_s, error, short, failed, stopped_by = None, None, None, None, None
     timeout = float(options["A"].timeout_s or cell.timeout_s)
     started = time.monotonic()
+
+    def launch(side: str, opts: LaunchOptions) -> None:
+        try:
+            results[side] = run_cell(cell, dirs[side], opts)
+        except BaseException as err:  # noqa: BLE001 - said as the side's result, not a thread's traceback
+            raised[side] = err
+            results[side] = {"status": "error", "reason": f"{type(err).__name__}: {err}"}
+
     try:
         # One side after the other: two torchrun agents started at once can
         # pick the same free port for their rendezvous (seen: one waited in
@@ -377,11 +299,11 @@ def run_pair(cell: Cell, options: dict[str, LaunchOptions], dirs: dict[str, Path
                     raise MemoryShort(f"side {side} not started beside side {first}: {why}")
             # A launch never forks this launcher, which runs the other side's thread
             # (perfsuite.launch.starting): each side's agent is its zygote's fork.
-            opts = replace(options[side], env={**options[side].env, **coordinator.env(side),
-                                               **({RELEASE_ENV: "1"} if release else {})})
-            threads[side] = threading.Thread(
-                target=lambda s=side, o=opts: results.__setitem__(s, run_cell(cell, dirs[s], o)),
-                name=f"perfsuite-ab-side-{side}", daemon=True)
+            opts = replace(options[side], timeout_s=launch_bound(timeout, quads, settling_quads),
+                           env={**options[side].env, **coordinator.env(side),
+                                **({RELEASE_ENV: "1"} if release else {})})
+            threads[side] = threading.Thread(target=launch, args=(side, opts),
+                                             name=f"perfsuite-ab-side-{side}", daemon=True)
             threads[side].start()
             coordinator.wait_ready(lambda s: threads[s].is_alive(), min(timeout, READY_TIMEOUT_S), (side,))
         ready_s = time.monotonic() - started
@@ -397,21 +319,42 @@ def run_pair(cell: Cell, options: dict[str, LaunchOptions], dirs: dict[str, Path
                 break
     except MemoryShort as err:
         error = short = str(err)
-    except (ResidentError, ValueError) as err:
+    except ResidentError as err:
+        error, failed = str(err), err.side
+    except ValueError as err:
         error = str(err)
-    except BaseException:  # Ctrl-C: the ranks find the coordinator gone and end at once
-        coordinator.close()
-        for thread in threads.values():
-            thread.join(60.0)
-        raise
-    if release:  # one side at a time: each launch's end (counters, accuracy) trains at its peak again
-        for side in threads:
-            coordinator.stop((side,))
-            threads[side].join(STOP_TIMEOUT_S + timeout)
-    else:
-        coordinator.stop()
-    for thread in threads.values():
-        thread.join(STOP_TIMEOUT_S + timeout)
-    coordinator.close()
+    except BaseException as err:  # noqa: BLE001 - Ctrl-C, SIGTERM, a full disk: both sides end, then raised
+        stopped_by = err
+    with deferred_interrupts():
+        _end_sides(coordinator, threads, timeout, failed=failed, interrupted=stopped_by is not None,
+                   one_at_a_time=release)
+    if stopped_by is not None:
+        raise stopped_by
     memory = {side: [told[r] for r in sorted(told)] for side, told in coordinator.memory.items() if told}
-    return PairRun(results, windows, ready_s, error, memory, short)
+    return PairRun(results, windows, ready_s, error, memory, short, failed, raised)
+
+
+def _end_sides(coordinator: Coordinator, threads: dict[str, threading.Thread], timeout: float, *,
+               failed: str | None, interrupted: bool, one_at_a_time: bool) -> None:
+    """Every side's launch to its end, and only then the coordinator's socket
+    closed. A side whose ranks hung or went away has them ended; on an
+    interrupt the ranks find the coordinator gone and end at once (those that
+    do not are ended); else each goes on to its launch's end (counters,
+    accuracy), one side at a time where they release their cache when parked
+    (each launch's end trains at its peak again)."""
+    pids = {side: coordinator.pids(side) for side in threads}
+    if failed in pids:
+        end_processes(pids[failed])
+    if interrupted:
+        coordinator.close()
+        left = join_all(list(threads.values()), INTERRUPTED_STOP_S)
+    else:
+        for side in (threads if one_at_a_time else ()):
+            coordinator.stop((side,))
+            join_all([threads[side]], STOP_TIMEOUT_S + timeout)
+        coordinator.stop()
+        left = join_all(list(threads.values()), STOP_TIMEOUT_S + timeout)
+    if left:  # ranks that neither ended nor heard: ended, so no launch outlives its pair
+        end_processes(pid for side, thread in threads.items() if thread in left for pid in pids[side])
+        join_all(left, INTERRUPTED_STOP_S)
+    coordinator.close()

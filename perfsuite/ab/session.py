@@ -26,7 +26,6 @@ check of a cell (peak memory, accuracy, work counters:
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
@@ -42,6 +41,12 @@ from perfsuite.ab.resident import (
     resident_refusal,
     run_pair,
 )
+from perfsuite.ab.settings import (  # noqa: F401 - ab's face for its callers
+    MIN_PAIRS,
+    check_resident_cells,
+    check_resident_settings,
+    check_settings,
+)
 from perfsuite.ab.sides import (  # noqa: F401 - ab's face for its callers
     BASE_SITE_PTH,
     IMPORT_CHECK,
@@ -55,12 +60,30 @@ from perfsuite.ab.sides import (  # noqa: F401 - ab's face for its callers
     parse_env,
     parse_options,
     python_side,
+    side_imports,
+)
+from perfsuite.ab.stopping import deferred_interrupts, is_full, side_failed
+from perfsuite.ab.verdicts import (  # noqa: F401 - ab's face for its callers
+    DECIDED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_REGRESSED,
+    EXIT_UNDECIDED,
+    EXIT_USAGE,
+    ORDER,
+    check_room,
+    exit_code,
+    finite,
+    interval,
+    look_confidence,
+    pair_failure,
+    pair_look_confidence,
+    summary_line,
 )
 from perfsuite.cells import Cell
-from perfsuite.judge.checks import FAILING
 from perfsuite.judge.comparing import compare_runs
 from perfsuite.launch.launch import LaunchOptions, run_cell
-from perfsuite.options import AB_MODES as MODES
+from perfsuite.options import AB_MODES as MODES  # noqa: F401 - ab's face for its callers
 from perfsuite.options import DEFAULT_LAUNCH_STATISTIC, DEFAULT_MAX_PAIRS, DEFAULT_QUADS, DEFAULT_WINDOW_STEPS
 from perfsuite.report.ab import write_ab_reports
 from perfsuite.results import merge_repeats
@@ -72,91 +95,14 @@ from perfsuite.stats.windows import compare_windows, detectable_change, pair_est
 from perfsuite.system.atomic import atomic_write_json
 
 SCHEMA = "perfsuite.ab/1"
-ORDER = "ABBA"  # one round; every round the same, so each side leads half the rounds
 # A side. Resampled launch floors of the 2-core VM: 10 a side caught a 10 %
 # slowdown 95 % of the time (stats module docstring).
 DEFAULT_MAX_LAUNCHES = 12
-DECIDED = ("same", "regressed", "improved")
-MIN_PAIRS = 2  # launch pairs a resident verdict weighs: one cannot see effects of its own launches
-EXIT_OK, EXIT_REGRESSED, EXIT_USAGE, EXIT_UNDECIDED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
-
-
-def look_confidence(max_launches: int, confidence: float = DEFAULT_CONFIDENCE) -> float:
-    """The confidence each round's verdict is held to, so that the whole
-    session holds ``confidence``: the verdict is looked at after every round
-    from MIN_LAUNCHES a side on, and each look is another chance of a false
-    call (Bonferroni over the planned looks). On the 2-core VM, judging every
-    look at 95 % called identical sides regressed in the first trial tried."""
-    looks = (max_launches - launchstats.MIN_LAUNCHES) // 2 + 1
-    return 1.0 - (1.0 - confidence) / looks
-
-
-def check_settings(tolerance: float, statistic: str, max_launches: int) -> None:
-    """Refuse settings a session could not keep (before anything is set up)."""
-    if max_launches < launchstats.MIN_LAUNCHES or max_launches % 2:
-        raise ABError(f"--max-launches {max_launches}: give an even number of at least "
-                      f"{launchstats.MIN_LAUNCHES} (a round of ABBA is 2 launches a side, and a "
-                      f"verdict weighs {launchstats.MIN_LAUNCHES} a side)")
-    if not 0 < tolerance < 1:
-        raise ABError(f"--tolerance {tolerance}: give a fraction such as 0.05")
-    if statistic not in launchstats.LAUNCH_STATISTICS:
-        raise ABError(f"--launch-statistic {statistic}: use one of {sorted(launchstats.LAUNCH_STATISTICS)}")
-
-
-def check_resident_settings(mode: str, window_steps: int, quads: int, max_pairs: int) -> None:
-    if mode not in MODES:
-        raise ABError(f"--mode {mode}: use one of {', '.join(MODES)}")
-    if window_steps < 1 or quads < 4 or max_pairs < MIN_PAIRS:
-        raise ABError(f"--window-steps {window_steps}, --quads {quads}, --max-pairs {max_pairs}: give at "
-                      f"least 1 step a window, 4 quads a pair and {MIN_PAIRS} pairs")
-
-
-def pair_look_confidence(max_pairs: int, confidence: float = DEFAULT_CONFIDENCE) -> float:
-    """As ``look_confidence``: a look after every launch pair from MIN_PAIRS on."""
-    return 1.0 - (1.0 - confidence) / (max_pairs - MIN_PAIRS + 1)
-
-
-def _finite(value: Any) -> Any:
-    return None if isinstance(value, float) and not math.isfinite(value) else value
-
-
-def _interval(entry: dict[str, Any]) -> str:
-    confidence = entry.get("confidence") or DEFAULT_CONFIDENCE
-    high = entry.get("ci_high")
-    return (f"ratio {entry['ratio']:.4g} ({confidence * 100:.0f} % CI {entry['ci_low']:.4g}-"
-            f"{'inf' if high is None else f'{high:.4g}'})")
-
-
-def _detectable(record: dict[str, Any]) -> str:
-    detectable = record.get("detectable")
-    return "" if detectable is None else f"; smallest detectable change {detectable * 100:.2f} %"
-
-
-def summary_line(record: dict[str, Any]) -> str:
-    """The last word on a cell: verdict, interval, launches a side, and the
-    smallest change its scatter resolved."""
-    verdict = record["verdict"]
-    if verdict not in (*DECIDED, "unknown") or record.get("ratio") is None:
-        return f"{record['id']}  {verdict.upper()}  {record.get('reason') or ''}".rstrip()
-    if record.get("mode") == "resident":
-        return (f"{record['id']}  {verdict.upper()}  {_interval(record)}, "
-                f"{record.get('quads', 0)} ABBA quads over {len(record.get('pairs') or [])} launch pairs"
-                + _detectable(record))
-    return (f"{record['id']}  {verdict.upper()}  {_interval(record)}, "
-            f"{record['n_b']} vs {record['n_a']} launches" + _detectable(record))
-
-
-def exit_code(records: list[dict[str, Any]]) -> int:
-    """1 on a regression or a failed launch, else 3 while a cell is undecided, else 0."""
-    if any(r["verdict"] in ("regressed", "error")
-           or any(c["verdict"] in FAILING for c in r["checks"]) for r in records):
-        return EXIT_REGRESSED
-    return EXIT_UNDECIDED if any(r["verdict"] == "unknown" for r in records) else EXIT_OK
-
-
 class ABSession:
     """Every cell launched on both sides in ABBA rounds until decided; ab.json
-    is rewritten after every launch, so a crash or Ctrl-C loses nothing measured."""
+    is rewritten after every launch and every resident window, so a crash or
+    Ctrl-C loses nothing measured. It says ``interrupted: true`` until the
+    session ends in order (a session killed outright stays so)."""
 
     def __init__(self, cells: list[Cell], side_a: Side, side_b: Side, out_dir: Path | str, *,
                  tolerance: float = DEFAULT_TOLERANCE, statistic: str = DEFAULT_LAUNCH_STATISTIC,
@@ -167,6 +113,7 @@ class ABSession:
                  log: Callable[[str], None] = lambda line: print(line, flush=True)) -> None:
         check_settings(tolerance, statistic, max_launches)
         check_resident_settings(mode, window_steps, quads, max_pairs)
+        check_resident_cells(mode, cells, launch)
         self.mode, self.window_steps, self.quads, self.max_pairs = mode, window_steps, quads, max_pairs
         self.cells, self.sides = list(cells), {"A": side_a, "B": side_b}
         self.launch = launch  # both sides launch with it, each by its own interpreter and env
@@ -185,7 +132,7 @@ class ABSession:
                                       "min_pairs": MIN_PAIRS, "max_pairs": max_pairs,
                                       "look_confidence": pair_look_confidence(max_pairs)},
                          "sides": {s.name: asdict(s) for s in (side_a, side_b)}},
-            "cells": [], "interrupted": False, "exit_code": None}
+            "cells": [], "interrupted": True, "exit_code": None}
 
     def run(self) -> int:
         """Measure every cell; the exit code (see ``exit_code``, 130 on Ctrl-C)."""
@@ -216,17 +163,42 @@ class ABSession:
         except KeyboardInterrupt:
             if record is not None and record["verdict"] is None:
                 record.update(verdict="interrupted", reason="Ctrl-C or SIGTERM during this cell")
-            self.data["interrupted"] = True
             code = EXIT_INTERRUPTED
-        self.data["exit_code"] = code
-        self.write()
-        for name, path in {"ab.json": self.path, **write_ab_reports(self.data, self.out_dir)}.items():
-            self.log(f"{name}: {path}")
+        except OSError as err:  # --out full, or not writable: said once, the session stopped
+            said = self._no_room(err)
+            if record is not None and record["verdict"] in (None, *DECIDED, "unknown"):
+                record.update(verdict="error", reason=said)
+            code = EXIT_USAGE
+        self.data.update(exit_code=code, interrupted=code == EXIT_INTERRUPTED)
+        with deferred_interrupts():  # a Ctrl-C now would only lose what is being written
+            self._finish()
         return code
 
     def write(self) -> None:
         self.data["finished"] = time.time()
         atomic_write_json(self.path, self.data)
+
+    def _no_room(self, err: OSError) -> str:
+        where = err.filename or self.out_dir
+        said = (f"perfsuite ab: cannot write {where}: {err.strerror or err}; the session stopped, and "
+                f"{self.path} keeps every window and launch measured until then"
+                + ("; free some space there (or choose another --out) and run it again" if is_full(err) else ""))
+        self.log(said)
+        return said
+
+    def _finish(self) -> None:
+        """ab.json and the reports, each where there is room, or said why not."""
+        try:
+            self.write()
+            self.log(f"ab.json: {self.path}")
+        except OSError as err:
+            kept = "keeps the session as of its last write" if self.path.exists() else "was never written"
+            self.log(f"ab.json: not written ({err.strerror or err}); {self.path} {kept}")
+        try:
+            for name, path in write_ab_reports(self.data, self.out_dir).items():
+                self.log(f"{name}: {path}")
+        except OSError as err:
+            self.log(f"ab.html: not written ({err.strerror or err}: {err.filename or self.out_dir})")
 
     def _measure(self, cell: Cell, record: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
         """Resident windows where the cell (and its GPU's memory) allows them,
@@ -275,9 +247,20 @@ class ABSession:
             # Which side starts first alternates, as every round's lead does:
             # the second launch comes up beside a resident first one.
             first = ORDER[(pair - 1) % 2]
-            run = run_pair(cell, opts, dirs, quads=self.quads, window_steps=self.window_steps,
-                           first=first, release=plan is not None and plan.release,
-                           need_bytes=plan.need_bytes if plan is not None else None)
+            # Its windows kept as they end, until the pair is whole (then in "pairs").
+            measuring: dict[str, Any] = {"pair": pair, "first": first, "windows": []}
+            record.setdefault("partial_pairs", []).append(measuring)
+            try:
+                run = run_pair(cell, opts, dirs, quads=self.quads, window_steps=self.window_steps,
+                               first=first, release=plan is not None and plan.release,
+                               need_bytes=plan.need_bytes if plan is not None else None,
+                               on_window=lambda window, m=measuring: self._window(m, window))
+            except BaseException as err:
+                measuring["ended"] = "interrupted" if isinstance(err, KeyboardInterrupt) else str(err)
+                _settle(record, measuring, keep=True)
+                raise
+            failed, failure = pair_failure(run)
+            _settle(record, measuring, keep=failure is not None)
             if run.short:
                 peak = max((float(r.get("peak_reserved") or 0) for r in run.memory.get(first, [])),
                            default=None)
@@ -286,20 +269,25 @@ class ABSession:
                                               f"side {first}'s warm-up in pair {pair}", run.short))
                 return {"A": [], "B": []}
             for name in ORDER[:2]:
-                result = run.results.get(name) or {"status": "error", "reason": run.error or "no result"}
-                self._file_launch(self.sides[name], pair, result, started, record)
-                if result["status"] != "ok" or run.error:
-                    ended = f"side {name}'s launch ended {result['status']}: {result.get('reason')}"
-                    self._stopped(record, result, pair == 1,
-                                  f"pair {pair}: {ended if result['status'] != 'ok' else run.error}")
-                    return results
-                results[name].append(result)
+                result = run.results.get(name)
+                if result is not None and failed is not None and name != failed and result["status"] != "ok":
+                    result = {**result, "reason": f"ended with the pair (side {failed} failed): {result['reason']}"}
+                if result is not None:
+                    self._file_launch(self.sides[name], pair, result, started, record)
+                check_room(result)
+            if failure is not None:
+                measuring["ended"] = failure
+                self._stopped(record, run.results.get(failed or "") or {"status": "error"}, pair == 1,
+                              f"pair {pair}: {failure}")
+                return results
+            for name in ORDER[:2]:
+                results[name].append(run.results[name])
             quads_by_pair.append(quad_log_ratios([(w["side"], w["value"]) for w in judged(run.windows)]))
             own = pair_estimate(quads_by_pair[-1])
             memory = _pair_memory(run.memory)
             record["pairs"].append({"pair": pair, "first": first, "quads": own.quads,
-                                    "ratio": _finite(own.ratio),
-                                    "ci_low": _finite(own.ci_low), "ci_high": _finite(own.ci_high),
+                                    "ratio": finite(own.ratio),
+                                    "ci_low": finite(own.ci_low), "ci_high": finite(own.ci_high),
                                     "ready_s": run.ready_s, "windows": run.windows,
                                     **({"memory": memory} if memory else {})})
             if plan is not None and plan.peak_reserved is None and memory:  # now measured: plan again
@@ -319,19 +307,23 @@ class ABSession:
                 continue
             cmp = compare_windows(quads_by_pair, self.tolerance, confidence, min_pairs=MIN_PAIRS,
                                   firsts=[p["first"] for p in record["pairs"]])
-            record.update(verdict=cmp.verdict, ratio=_finite(cmp.ratio), ci_low=_finite(cmp.ci_low),
-                          ci_high=_finite(cmp.ci_high), detectable=cmp.detectable,
+            record.update(verdict=cmp.verdict, ratio=finite(cmp.ratio), ci_low=finite(cmp.ci_low),
+                          ci_high=finite(cmp.ci_high), detectable=cmp.detectable,
                           confidence=confidence, method=cmp.method,
                           quads=cmp.quads, tau2=cmp.tau2, heterogeneity_p=cmp.heterogeneity_p, dof=cmp.dof,
                           order_effect=cmp.order_effect, reason=cmp.reason or None)
             self.write()
-            self.log(f"  after pair {pair}: {cmp.verdict.upper()}  {_interval(record)}")
+            self.log(f"  after pair {pair}: {cmp.verdict.upper()}  {interval(record)}")
             if cmp.verdict in DECIDED:
                 return results
         record["reason"] = (f"undecided after {self.max_pairs} launch pairs: {record.get('reason') or ''}; "
                             f"--max-pairs {2 * self.max_pairs} or --quads {2 * self.quads} would narrow it")
         self.write()
         return results
+
+    def _window(self, measuring: dict[str, Any], window: dict[str, Any]) -> None:
+        measuring["windows"].append(window)
+        self.write()
 
     def _stopped(self, record: dict[str, Any], result: dict[str, Any], first: bool, failed: str) -> None:
         """A cell stopped by a launch: ``skipped`` where its first launches
@@ -351,10 +343,10 @@ class ABSession:
         for round_ in range(1, self.max_launches // 2 + 1):
             for name in ORDER:
                 result = self._launch(cell, self.sides[name], len(results[name]) + 1, record)
+                check_room(result)
                 if result["status"] != "ok":
                     self._stopped(record, result, not any(results.values()),
-                                  f"side {name} launch {len(results[name]) + 1} ended {result['status']}: "
-                                  f"{result.get('reason')}")
+                                  side_failed(name, result, launch=f" launch {len(results[name]) + 1}"))
                     return results
                 results[name].append(result)
             if self._judge(round_, results, record) in DECIDED:
@@ -395,15 +387,15 @@ class ABSession:
         cmp = launchstats.compare_launches(_launches(results["B"]), _launches(results["A"]),
                                            self.tolerance, look_confidence(self.max_launches),
                                            statistic=self.statistic)
-        verdict = {"verdict": cmp.verdict, "ratio": _finite(cmp.ratio),
-                   "ci_low": _finite(cmp.ci_low), "ci_high": _finite(cmp.ci_high),
+        verdict = {"verdict": cmp.verdict, "ratio": finite(cmp.ratio),
+                   "ci_low": finite(cmp.ci_low), "ci_high": finite(cmp.ci_high),
                    "detectable": detectable_change(cmp.ci_low, cmp.ci_high),
-                   "confidence": cmp.confidence, "p_value": _finite(cmp.p_value),
+                   "confidence": cmp.confidence, "p_value": finite(cmp.p_value),
                    "n_a": n_a, "n_b": n_b, "method": cmp.method}
         record["rounds"].append({"round": round_, **verdict})
         record.update(verdict)
         self.write()
-        self.log(f"  round {round_}: {cmp.verdict.upper()}  {_interval(verdict)}, "
+        self.log(f"  round {round_}: {cmp.verdict.upper()}  {interval(verdict)}, "
                  f"{n_b} vs {n_a} launches")
         return cmp.verdict
 
@@ -429,6 +421,15 @@ class ABSession:
             *runs, tolerance=self.tolerance, launch_statistic=self.statistic)
             if entry["name"] != "step_time"]
         self.write()
+
+
+def _settle(record: dict[str, Any], measuring: dict[str, Any], keep: bool) -> None:
+    """A pair's windows stay in ``partial_pairs`` where it did not end whole
+    (and measured any); a whole pair's are in ``pairs``."""
+    if not keep or not measuring["windows"]:
+        record["partial_pairs"].remove(measuring)
+    if not record["partial_pairs"]:
+        del record["partial_pairs"]
 
 
 def _pair_memory(told: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, float]]:

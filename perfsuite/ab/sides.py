@@ -26,6 +26,11 @@ from perfsuite.rank.faults import GPU_SLEEP, Fault
 # name, so the side's editable install is found before the current one's.
 BASE_SITE_PTH = "perfsuite_ab_base_site.pth"
 IMPORT_CHECK = "import torch, perfsuite; print(torch.__version__); print(perfsuite.__path__[0])"
+# ... and the modules its launches import (argv), the first that fails said on the last line.
+MODULES_CHECK = (IMPORT_CHECK + "\nimport importlib, sys\nfor name in sys.argv[1:]:\n    try:\n"
+                 "        importlib.import_module(name)\n    except Exception as err:\n"
+                 "        print(f'{name}\\t{type(err).__name__}: {err}'); sys.exit(3)\n")
+WINDOWS_MODULE = "perfsuite.rank.windows"  # a side's perfsuite serves resident windows
 SIDE_DONE = "side.json"  # written last: a side folder without it is a set-up that did not finish
 
 
@@ -46,6 +51,7 @@ class Side:
     torch: str | None = None
     perfsuite: str | None = None  # the package directory this side imports
     workload_options: dict[str, str] = field(default_factory=dict)  # e.g. an injected fault
+    imports: list[str] = field(default_factory=list)  # modules its launches import (side_imports)
 
     @property
     def label(self) -> str:
@@ -122,13 +128,32 @@ def python_side(name: str, python: str, env: dict[str, str] | None = None) -> Si
     return Side(name, os.path.abspath(found), {"PYTHONSAFEPATH": "1", **(env or {})})
 
 
+def side_imports(cells: list[Any], mode: str) -> list[str]:
+    """The modules a side's launches of ``cells`` import: the built-in
+    workloads' (an image cell's torchvision with it) and, unless launch
+    rounds are asked for, the ranks' side of resident windows."""
+    from perfsuite.specs import BUILTIN
+
+    modules = sorted({BUILTIN[cell.workload].split(":")[0] for cell in cells if cell.workload in BUILTIN})
+    return ([WINDOWS_MODULE] if mode != "launches" else []) + modules  # an older perfsuite said first
+
+
 def check_interpreter(side: Side) -> None:
-    """Run the side's interpreter once: it must import torch and perfsuite."""
+    """Run the side's interpreter once: it must import torch and perfsuite,
+    and the modules its launches import (``side.imports``), in its environment."""
     try:
-        proc = subprocess.run([side.python, "-c", IMPORT_CHECK], capture_output=True, text=True,
+        proc = subprocess.run([side.python, "-c", MODULES_CHECK, *side.imports], capture_output=True, text=True,
                               env={**os.environ, **side.env}, timeout=300)
     except (OSError, subprocess.TimeoutExpired) as err:
         raise ABError(f"side {side.name}: {side.python} could not be run ({err})") from None
+    if proc.returncode == 3 and "\t" in proc.stdout:
+        module, error = proc.stdout.strip().splitlines()[-1].split("\t", 1)
+        perfsuite = proc.stdout.splitlines()[1] if len(proc.stdout.splitlines()) > 2 else "?"
+        if module == WINDOWS_MODULE:
+            raise ABError(f"side {side.name}: its perfsuite ({perfsuite}) cannot serve resident windows "
+                          f"({error}): it predates resident A/B; compare in launch rounds with --mode launches")
+        raise ABError(f"side {side.name}: {side.python} cannot import {module}, which its launches need "
+                      f"({error}); install it into that environment")
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise ABError(f"side {side.name}: {side.python} cannot import torch and perfsuite "

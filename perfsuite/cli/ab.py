@@ -29,9 +29,11 @@ exit codes:
   0    no regression in any cell
   1    a regression (step time, or another check of compare: memory,
        accuracy, work counters), or a launch that failed
-  2    usage or environment error (nothing launched)
+  2    usage or environment error (nothing launched), or OUT full or
+       unwritable (said in one sentence; ab.json keeps what was measured)
   3    undecided: some cell unknown at the cap, none regressed
-  130  interrupted (Ctrl-C, SIGTERM); ab.json keeps every launch done
+  130  interrupted (Ctrl-C, SIGTERM); ab.json keeps every launch and
+       resident window done
 """
 
 BISECT_EPILOG = """\
@@ -209,6 +211,7 @@ def _ab_session(args: argparse.Namespace, ab: Any, out: Path, lock: Any, handle_
         ab.check_settings(args.tolerance, args.launch_statistic, args.max_launches)
         ab.check_resident_settings(args.mode, args.window_steps, args.quads, args.max_pairs)
         launch = _launching(args, chosen)
+        ab.check_resident_cells(args.mode, chosen, launch)
         held = [f"{what} ({name})" for name, what in OTHER_SESSIONS.items() if (out / name).exists()]
         if held:
             raise ab.ABError(f"{out} already holds {held[0]}; choose another --out")
@@ -229,6 +232,7 @@ def _ab_session(args: argparse.Namespace, ab: Any, out: Path, lock: Any, handle_
                 getattr(args, f"{name}_option"), f"--{name}-option")), chosen)
         sides = [_ab_side(args, name, out) for name in "AB"]
         for side in sides:
+            side.imports = ab.side_imports(chosen, args.mode)
             ab.check_interpreter(side)
             env = " ".join(f"{k}={v}" for k, v in side.env.items())
             options = " ".join(f"{k}={v}" for k, v in side.workload_options.items())
@@ -246,6 +250,11 @@ def _ab_session(args: argparse.Namespace, ab: Any, out: Path, lock: Any, handle_
     code = session.run()
     if args.json:
         emit_json(args, _ab_summary(session.data, out))
+    from perfsuite.ab.stopping import deferred_interrupts
+    from perfsuite.launch.agent import close_zygotes
+
+    with deferred_interrupts():  # after every side's launch has ended; a Ctrl-C now would break it off
+        close_zygotes()
     return code
 
 

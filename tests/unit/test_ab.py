@@ -469,13 +469,12 @@ def test_a_resident_session_takes_the_launch_order_out_of_its_interval(tmp_path,
     assert "launched first" in record["reason"] and record["ci_high"] - record["ci_low"] < 0.01
 
 
-def test_resident_mode_refused_by_a_cell_is_an_error_without_launching(tmp_path, monkeypatch):
+def test_resident_mode_refused_by_a_cell_is_a_usage_error_before_any_launch(tmp_path, monkeypatch):
     monkeypatch.setattr("perfsuite.ab.resident.run_cell", lambda *a, **kw: pytest.fail("launched"))
     llm = cells.select(tier="smoke", workload="llm")[0]
-    code = session(tmp_path, cells=[llm], mode="resident").run()
-    record = saved(tmp_path)["cells"][0]
-    assert code == ab.EXIT_REGRESSED and record["verdict"] == "error"
-    assert record["reason"].startswith("--mode resident: the llm workload does not serve measured windows")
+    with pytest.raises(ab.ABError, match=f"--mode resident: {re.escape(llm.id)}: the llm workload does not serve"):
+        session(tmp_path, cells=[llm], mode="resident")
+    assert not (tmp_path / "ab.json").exists()
 
 
 def test_a_second_ab_session_into_one_folder_is_refused_and_loses_nothing(tmp_path, capsys):

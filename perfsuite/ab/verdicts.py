@@ -1,0 +1,98 @@
+"""An A/B session's words on its cells: the confidence each look is held to,
+a cell's summary line, the session's exit code, and which side failed a
+resident launch pair."""
+
+from __future__ import annotations
+
+import errno
+import math
+import os
+from typing import Any
+
+from perfsuite.ab.settings import MIN_PAIRS
+from perfsuite.ab.stopping import is_full, side_failed
+from perfsuite.judge.checks import FAILING
+from perfsuite.stats import launches as launchstats
+from perfsuite.stats.samples import DEFAULT_CONFIDENCE
+
+ORDER = "ABBA"  # one round; every round the same, so each side leads half the rounds
+DECIDED = ("same", "regressed", "improved")
+EXIT_OK, EXIT_REGRESSED, EXIT_USAGE, EXIT_UNDECIDED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+
+def look_confidence(max_launches: int, confidence: float = DEFAULT_CONFIDENCE) -> float:
+    """The confidence each round's verdict is held to, so that the whole
+    session holds ``confidence``: the verdict is looked at after every round
+    from MIN_LAUNCHES a side on, and each look is another chance of a false
+    call (Bonferroni over the planned looks). On the 2-core VM, judging every
+    look at 95 % called identical sides regressed in the first trial tried."""
+    looks = (max_launches - launchstats.MIN_LAUNCHES) // 2 + 1
+    return 1.0 - (1.0 - confidence) / looks
+
+
+def pair_look_confidence(max_pairs: int, confidence: float = DEFAULT_CONFIDENCE) -> float:
+    """As ``look_confidence``: a look after every launch pair from MIN_PAIRS on."""
+    return 1.0 - (1.0 - confidence) / (max_pairs - MIN_PAIRS + 1)
+
+
+def finite(value: Any) -> Any:
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def interval(entry: dict[str, Any]) -> str:
+    confidence = entry.get("confidence") or DEFAULT_CONFIDENCE
+    high = entry.get("ci_high")
+    return (f"ratio {entry['ratio']:.4g} ({confidence * 100:.0f} % CI {entry['ci_low']:.4g}-"
+            f"{'inf' if high is None else f'{high:.4g}'})")
+
+
+def _detectable(record: dict[str, Any]) -> str:
+    detectable = record.get("detectable")
+    return "" if detectable is None else f"; smallest detectable change {detectable * 100:.2f} %"
+
+
+def summary_line(record: dict[str, Any]) -> str:
+    """The last word on a cell: verdict, interval, launches a side, and the
+    smallest change its scatter resolved."""
+    verdict = record["verdict"]
+    if verdict not in (*DECIDED, "unknown") or record.get("ratio") is None:
+        return f"{record['id']}  {verdict.upper()}  {record.get('reason') or ''}".rstrip()
+    if record.get("mode") == "resident":
+        return (f"{record['id']}  {verdict.upper()}  {interval(record)}, "
+                f"{record.get('quads', 0)} ABBA quads over {len(record.get('pairs') or [])} launch pairs"
+                + _detectable(record))
+    return (f"{record['id']}  {verdict.upper()}  {interval(record)}, "
+            f"{record['n_b']} vs {record['n_a']} launches" + _detectable(record))
+
+
+def exit_code(records: list[dict[str, Any]]) -> int:
+    """1 on a regression or a failed launch, else 3 while a cell is undecided, else 0."""
+    if any(r["verdict"] in ("regressed", "error")
+           or any(c["verdict"] in FAILING for c in r["checks"]) for r in records):
+        return EXIT_REGRESSED
+    return EXIT_UNDECIDED if any(r["verdict"] == "unknown" for r in records) else EXIT_OK
+
+
+def pair_failure(run: Any) -> tuple[str | None, str | None]:
+    """The side that failed a launch pair and why, naming its first error;
+    (None, None) where the pair ran whole. The side the coordinator saw fail
+    (not ready, a window past its timeout, gone) is the one: the other's
+    launch, ended with the pair, fails too for want of windows."""
+    bad = [name for name in ORDER[:2] if (run.results.get(name) or {"status": "error"})["status"] != "ok"]
+    failed = run.failed or (bad[0] if bad else None)
+    if failed is None:
+        return None, run.error
+    result = run.results.get(failed) or {"status": "error", "reason": run.error}
+    if result["status"] == "ok" and run.ready_s is not None:  # it ended well after a window past its timeout
+        return failed, run.error
+    if result["status"] == "ok":  # up and finished, yet it never said it was ready
+        return failed, (f"side {failed}'s launch finished without serving a window (its ranks never said they "
+                        "were ready: its perfsuite may predate resident A/B); --mode launches compares it "
+                        "in launch rounds")
+    return failed, side_failed(failed, result, run.error)
+
+
+def check_room(result: dict[str, Any] | None) -> None:
+    """A launch that failed for a full disk stops the session as a write there does."""
+    if result is not None and result["status"] != "ok" and is_full(str(result.get("reason"))):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), result.get("dir"))
