@@ -16,6 +16,7 @@ group ``perfsuite.workloads``, or a pytest node id (a test run in every rank:
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import itertools
 import math
 import os
@@ -47,6 +48,9 @@ TF32_MODES = ("conv", "off", "all")
 # is not decided by its last batches' noise.
 LR_DECAYS = ("none", "cosine")
 DEVICES = ("cpu", "cuda")
+# The values of the parameters that have few: a cell's, and a finding's subject and twin
+CHOICES = {"tier": TIERS, "device": DEVICES, "precision": PRECISIONS, "memory_format": MEMORY_FORMATS, "tf32": TF32_MODES,
+           "lr_decay": LR_DECAYS, "strategy": (*IMAGE_STRATEGIES, *LLM_TECHNIQUES, *PROBE_STRATEGIES)}
 
 EXPERIMENTS_DIR = Path(__file__).parent / "experiments"
 EXPERIMENTS_ENV = "PERFSUITE_EXPERIMENTS"  # more experiment files or folders, os.pathsep-separated
@@ -90,9 +94,8 @@ class Cell:
     sources: tuple[str, ...] = field(default=(), compare=False, hash=False)
 
     def __post_init__(self) -> None:
-        problems = []
-        if self.tier not in TIERS:
-            problems.append(f"tier {self.tier!r} not in {TIERS}")
+        problems = [f"{name} {getattr(self, name)!r} not in {allowed}" for name, allowed in CHOICES.items()
+                    if name != "strategy" and getattr(self, name) not in allowed]  # by workload: below
         if self.workload not in WORKLOADS and specs.problem(self.workload):
             problems.append(f"workload {self.workload!r} not in {WORKLOADS}, nor a spec of "
                             f"one's own: {specs.problem(self.workload)}")
@@ -100,18 +103,8 @@ class Cell:
                       "probe": PROBE_STRATEGIES}.get(self.workload)
         if strategies is not None and self.strategy not in strategies:
             problems.append(f"strategy {self.strategy!r} not in {strategies}")
-        if self.device not in DEVICES:
-            problems.append(f"device {self.device!r} not in {DEVICES}")
-        if self.precision not in PRECISIONS:
-            problems.append(f"precision {self.precision!r} not in {PRECISIONS}")
         if self.precision == "fp16" and self.device == "cpu":
             problems.append("fp16 autocast needs CUDA; CPU cells use bf16")
-        if self.tf32 not in TF32_MODES:
-            problems.append(f"tf32 {self.tf32!r} not in {TF32_MODES}")
-        if self.lr_decay not in LR_DECAYS:
-            problems.append(f"lr_decay {self.lr_decay!r} not in {LR_DECAYS}")
-        if self.memory_format not in MEMORY_FORMATS:
-            problems.append(f"memory_format {self.memory_format!r} not in {MEMORY_FORMATS}")
         if self.world_size < 1:
             problems.append("world_size must be >= 1")
         if self.strategy == "dp" and self.device == "cpu" and self.world_size != 1:
@@ -225,14 +218,15 @@ _added_experiments: list[Path] = []
 def experiment_paths() -> list[Path]:
     """The suite's experiment files, then those of ``set_added_experiments``
     and ``$PERFSUITE_EXPERIMENTS`` (files, or folders of ``*.toml``)."""
-    given = [*_added_experiments,
-             *(Path(p) for p in os.environ.get(EXPERIMENTS_ENV, "").split(os.pathsep) if p)]
+    given = [*_added_experiments, *(Path(p) for p in os.environ.get(EXPERIMENTS_ENV, "").split(os.pathsep) if p)]
     out = sorted(EXPERIMENTS_DIR.glob("*.toml"))
     for path in given:
-        if not path.exists():
-            raise CellError(f"experiment file {path} does not exist (from ${EXPERIMENTS_ENV} or "
-                            "perf_experiments); fix the path")
-        for file in sorted(path.glob("*.toml")) if path.is_dir() else [path]:
+        files = sorted(path.glob("*.toml")) if path.is_dir() else [path] if path.exists() else []
+        if not files:
+            raise CellError(f"experiment {'folder' if path.is_dir() else 'file'} {path} " + (
+                "holds no *.toml file" if path.exists() else "does not exist")
+                + f" (from ${EXPERIMENTS_ENV} or perf_experiments); fix the path")
+        for file in files:
             if file.resolve() not in {p.resolve() for p in out}:
                 out.append(file)
     return out
@@ -247,6 +241,7 @@ def set_added_experiments(paths: Iterable[Path | str]) -> None:
 
 
 _JSON_TYPES = {int: "integer", float: "number", bool: "boolean", str: "string"}
+TABLES = {"experiment": "[[experiment]]", "finding": "[[finding]]", "defaults": "[defaults]", "limits": "[limits]"}
 
 
 def experiment_schema() -> dict[str, Any]:
@@ -267,7 +262,7 @@ def experiment_schema() -> dict[str, Any]:
                               "twin": typed, "low": {"type": "number"}, "high": {"type": "number"},
                               "devices": {"type": "array", "items": {"enum": list(DEVICES)}},
                               "metric": {"type": "string"}, "measured": {"type": "string"}}}
-    return {"type": "object", "properties": {
+    return {"type": "object", "additionalProperties": False, "properties": {
         "experiment": {"type": "array", "items": experiment},
         "defaults": {"type": "object", "additionalProperties": {
             "type": "object", "additionalProperties": params}},
@@ -299,6 +294,8 @@ def check_experiment_file(data: dict[str, Any], path: Path | str) -> None:
     if err.validator == "additionalProperties":
         extra = sorted(set(err.instance) - set(err.schema.get("properties", {})))
         why = f"unknown key(s) {extra}; known: {sorted(err.schema.get('properties', {}))}"
+        near = difflib.get_close_matches(extra[0], TABLES, n=1) if not where else []
+        why += f"; did you mean {TABLES[near[0]]}?" if near else ""
     elif err.validator == "type":
         why = f"is {err.instance!r}, expected {err.validator_value}"
         if where == ["experiment"]:
@@ -324,10 +321,11 @@ def read_experiment_file(path: Path | str) -> dict[str, Any]:
 def load_matrix(paths: Iterable[Path] | None = None) -> dict[str, Cell]:
     """Every cell of the experiment files, keyed by id, sources merged."""
     paths = experiment_paths() if paths is None else list(paths)
-    matrix: dict[str, Cell] = {}
+    matrix, named = {}, {}
     for path in paths:
         data = read_experiment_file(path)
         for exp in data.get("experiment", []):
+            _name_once("experiment", exp["name"], path, named)
             for cell in _cells_of_experiment(exp, data.get("defaults", {}), str(path)):
                 seen = matrix.get(cell.id)
                 if seen is not None and seen != cell:
@@ -365,7 +363,7 @@ def load_findings(paths: Iterable[Path] | None = None) -> list[Finding]:
     """Every ``[[finding]]`` of the experiment files, validated."""
     paths = experiment_paths() if paths is None else list(paths)
     known = {f.name for f in dataclasses.fields(Cell)}
-    out = []
+    out, named = [], {}
     for path in paths:  # each field's type checked first: a wrong one would fail every cell it judges
         for entry in read_experiment_file(path).get("finding", []):
             try:
@@ -376,12 +374,45 @@ def load_findings(paths: Iterable[Path] | None = None) -> list[Finding]:
             if bad or finding.metric != "speedup" or finding.low is None and finding.high is None:
                 raise CellError(f"{path}: finding {finding.name!r}: subject and twin take cell "
                                 f"parameters (not {bad}), metric 'speedup', and low or high")
-            ends = [x for x in (finding.low, finding.high) if x is not None]
-            if not all(map(math.isfinite, ends)) or len(ends) == 2 and ends[0] > ends[1]:
-                raise CellError(f"{path}: finding {finding.name!r}: low {finding.low} and high {finding.high} "
-                                "must be finite, low at most high")
+            if problem := _never_judges(finding):
+                raise CellError(f"{path}: finding {finding.name!r}{problem}")
+            _name_once("finding", finding.name, path, named)
             out.append(finding)
     return out
+
+
+def _never_judges(finding: Finding) -> str | None:
+    """Why ``finding`` could never judge a cell, or never pass (None: it can), said after its name."""
+    if not finding.devices:
+        return f".devices: is empty, so the finding holds on no device; name some of {', '.join(DEVICES)}"
+    for side in ("subject", "twin"):
+        for key, value in getattr(finding, side).items():
+            if key in CHOICES and value not in CHOICES[key]:
+                return f".{side}.{key}: {value!r} is not one of {', '.join(CHOICES[key])}"
+    if all(finding.subject.get(k) == v for k, v in finding.twin.items()):
+        return f".twin: {finding.twin} changes nothing of its subject; change a parameter of the subject's"
+    ends = [x for x in (finding.low, finding.high) if x is not None]
+    if (not all(map(math.isfinite, ends)) or len(ends) == 2 and ends[0] >= ends[1]
+            or finding.high is not None and finding.high <= 0):
+        return (f": low {finding.low} and high {finding.high} could never pass: give finite bounds, low below "
+                "high, high above 0 (a speedup is)")
+    return None
+
+
+@lru_cache(maxsize=1)
+def _built_in_names() -> dict[tuple[str, str], Path]:
+    return {(kind, entry["name"]): path for path in sorted(EXPERIMENTS_DIR.glob("*.toml"))
+            for kind, entries in tomllib.loads(path.read_text(encoding="utf-8")).items()
+            if kind in ("experiment", "finding") for entry in entries}
+
+
+def _name_once(kind: str, name: str, path: Path, named: dict[str, Path]) -> None:
+    """Refuse a second ``kind`` named ``name`` in one's own files: a built-in's name, or one given twice."""
+    built_in, seen, named[name] = _built_in_names().get((kind, name)), named.get(name), Path(path)
+    if Path(path).parent.resolve() != EXPERIMENTS_DIR.resolve() and (built_in or seen):
+        raise CellError(f"{path}: {kind} {name!r} is " + (f"the name of a built-in {kind} ({built_in.name})" if built_in
+                        else f"given twice ({'in this file' if seen == Path(path) else f'also in {seen}'})")
+                        + "; give yours another name")
 
 
 @lru_cache(maxsize=1)
@@ -391,24 +422,23 @@ def findings() -> tuple[Finding, ...]:
 
 @lru_cache(maxsize=1)
 def matrix() -> dict[str, Cell]:
+    findings()  # a finding that could never judge is refused with the matrix, before any launch
     return load_matrix()
 
 
-def select(tier: str | None = None, workload: str | None = None,
-           ids: Iterable[str] = ()) -> list[Cell]:
+def select(tier: str | None = None, workload: str | None = None, ids: Iterable[str] = ()) -> list[Cell]:
     """Cells of a tier/workload, or exactly the given ids (unknown ids raise).
 
     An id of a user's pytest test (``user/<node id>/c2``) is its cell: such
     cells live in test files, not in the matrix."""
     every = matrix()
-    wanted = list(ids)
+    wanted = list(dict.fromkeys(ids))  # an id given twice is one cell
     if wanted:
         every = {**every, **{i: c for i in wanted if i not in every
                              for c in [cell_of_user_id(i)] if c is not None}}
-        unknown = [i for i in wanted if i not in every]
-        if unknown:
-            raise CellError(f"unknown cell id(s) {unknown}; `perfsuite list --tier all` "
-                            "prints every id")
+        if unknown := [i for i in wanted if i not in every]:  # thousands are said in one short line
+            raise CellError(f"unknown cell id(s) {unknown[:5]}{f' and {len(unknown) - 5} more' if unknown[5:] else ''}; "
+                            "`perfsuite list --tier all` prints every id")
         return [every[i] for i in wanted]
     if tier not in (None, "all") and tier not in TIERS:
         raise CellError(f"unknown tier {tier!r}; tiers: {', '.join(TIERS)}, all")

@@ -77,8 +77,50 @@ class OldName(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
-        say_renamed(option_string or self.option_strings[0], self.new)
+        old = option_string or self.option_strings[0]
+        given = _old_given(namespace)
+        current = getattr(namespace, self.dest, None)
+        unset = [a.default for a in parser._actions if a.dest == self.dest and not isinstance(a, OldName)]
+        if self.dest not in given and current not in (*unset, values):
+            # the new name came first, with another value: which one was meant?
+            raise argparse.ArgumentError(self, _clash(old, values, self.new, current))
+        say_renamed(old, self.new)
         setattr(namespace, self.dest, values)
+        given[self.dest] = (old, self.new, values)
+
+
+_OLD_GIVEN = "_perfsuite_old_names"  # namespace attribute: dest -> (old name, new name, value)
+
+
+def _old_given(namespace: argparse.Namespace) -> dict[str, tuple[str, str, Any]]:
+    if not hasattr(namespace, _OLD_GIVEN):
+        setattr(namespace, _OLD_GIVEN, {})
+    return getattr(namespace, _OLD_GIVEN)
+
+
+def _clash(old: str, old_value: Any, new: str, new_value: Any) -> str:
+    return (f"{old} {old_value} and {new} {new_value} are one option by its old and new name, given "
+            f"different values; give only {new}")
+
+
+def old_name_clash(namespace: argparse.Namespace) -> str | None:
+    """Why the parsed ``namespace`` cannot be run: an old name given one value
+    and its new name, after it, another (the last would silently win); None
+    where there is no such pair. The order the other way round is refused
+    while parsing (``OldName``)."""
+    for dest, (old, new, value) in getattr(namespace, _OLD_GIVEN, {}).items():
+        if getattr(namespace, dest, value) != value:
+            return _clash(old, value, new, getattr(namespace, dest))
+    return None
+
+
+def history_problem(value: str | None, option: str = "--history") -> str | None:
+    """Why ``value`` is no history store to name: "OFF" or "Off" would make a
+    store of that name where "off" keeps none (None: it is one)."""
+    if value and value.lower() == "off" and value != "off":
+        return (f"{option} {value}: off, in lower case, keeps no history; for a store of that name "
+                f"write ./{value}")
+    return None
 
 
 def add_old_name(parser: Any, old: str, new: argparse.Action) -> None:

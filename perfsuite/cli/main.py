@@ -153,8 +153,8 @@ def escape_unencodable_output() -> None:
 
 class _Tail:
     """A stream that writes through to ``stream`` and keeps the last line
-    said: what a --json command's document names when the command ends
-    without one."""
+    written: on stderr, what a --json command's document names when the
+    command ends without one; on stdout, whether it wrote one."""
 
     def __init__(self, stream) -> None:
         self.stream, self.last = stream, ""
@@ -246,17 +246,17 @@ def main(argv: list[str] | None = None) -> int:
             and threading.current_thread() is threading.main_thread()):
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     json_mode = bool(getattr(args, "json", False))
-    tail = _Tail(sys.stderr)
+    tail, document = _Tail(sys.stderr), _Tail(sys.stdout)
     try:
         _check_environment(args)
         if not json_mode:
             return args.func(args)
         # --json: stdout carries the command's one JSON document (emit_json),
         # everything said on the way goes to stderr
-        args.json_out = sys.stdout
+        args.json_out = document
         with contextlib.redirect_stdout(tail), contextlib.redirect_stderr(tail):
             code = args.func(args)
-        if not getattr(args, "json_emitted", False):
+        if not document.last:
             _json_exit(code, tail.last or None)
         return code
     except BrokenPipeError:  # the reader went away: nothing more to say, nowhere to say it
@@ -265,23 +265,23 @@ def main(argv: list[str] | None = None) -> int:
         return 128 + signal.SIGPIPE
     except (cells_mod.CellError, UsageProblem) as err:
         said = f"perfsuite: {err}" if isinstance(err, cells_mod.CellError) else str(err)
-        return _failed(args, json_mode, EXIT_USAGE, said)
+        return _failed(json_mode and not document.last, EXIT_USAGE, said)
     except OSError as err:  # a file that cannot be read or written: say which, no traceback
-        return _failed(args, json_mode, EXIT_USAGE,
+        return _failed(json_mode and not document.last, EXIT_USAGE,
                        f"perfsuite {args.command}: {err.filename or ''}: {err.strerror or err}")
     except KeyboardInterrupt:
-        return _failed(args, json_mode, EXIT_INTERRUPTED, f"perfsuite {args.command}: interrupted")
+        return _failed(json_mode and not document.last, EXIT_INTERRUPTED, f"perfsuite {args.command}: interrupted")
     finally:  # the zygotes the command's launches forked from end with it (in-process callers too)
         agent = sys.modules.get("perfsuite.launch.agent")
         if agent is not None:
             agent.close_zygotes()
 
 
-def _failed(args: argparse.Namespace, json_mode: bool, code: int, said: str) -> int:
-    """``said`` on stderr, and under --json as the one document where the
-    command gave none; ``code`` returned."""
+def _failed(as_json: bool, code: int, said: str) -> int:
+    """``said`` on stderr, and with ``as_json`` (--json, and the command gave
+    no document) as the one document too; ``code`` returned."""
     print(said, file=sys.stderr)
-    if json_mode and not getattr(args, "json_emitted", False):
+    if as_json:
         _json_exit(code, said)
     return code
 
