@@ -80,6 +80,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.ids and not args.tier:
         raise UsageProblem("perfsuite run: give cell ids or --tier; `perfsuite list` prints ids")
     chosen = cells_mod.select(tier=args.tier, workload=args.workload, ids=args.ids)
+    for cell_id in dict.fromkeys(i for i in args.ids if args.ids.count(i) > 1):  # select took it once
+        times = args.ids.count(cell_id)
+        print(f"perfsuite run: {cell_id} is given {'twice' if times == 2 else f'{times} times'}; it is measured once")
     if not chosen:  # a green run must have measured something
         asked = ", ".join(f"{k} {v}" for k, v in (("tier", args.tier), ("workload", args.workload)) if v)
         raise UsageProblem(f"perfsuite run: {asked} selects no cell; `perfsuite list"

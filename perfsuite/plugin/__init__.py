@@ -135,6 +135,17 @@ def pytest_configure(config: pytest.Config) -> None:
         cells_mod.select(ids=config.getoption("--perf-cell"))
     except cells_mod.CellError as err:
         raise pytest.UsageError(str(err)) from None
+    import os
+
+    from perfsuite.system import envvars
+
+    # every PERFSUITE_* variable takes its value, one option is not given two, before any launch
+    found = [*envvars.problems(os.environ), options.old_name_clash(config.option),
+             options.history_problem(config.getoption("--perf-history"), "--perf-history")]
+    if any(found):
+        raise pytest.UsageError("\n".join(f"perfsuite: {line}" for line in found if line))
+    for line in envvars.strangers(os.environ) if not _xdist_worker(config) else ():
+        config.issue_config_time_warning(pytest.PytestConfigWarning(f"perfsuite: {line}"), stacklevel=2)
 
 
 def session_runner(config: pytest.Config) -> Runner:
