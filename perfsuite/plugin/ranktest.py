@@ -41,6 +41,7 @@ import pytest
 import perfsuite.plugin  # noqa: F401
 from perfsuite.rank.peers import is_peer_failure
 from perfsuite.steps import Dist, Steps, measuring_modules
+from perfsuite.system.atomic import atomic_write_text
 
 ROOTDIR_ENV, INIFILE_ENV = "PERFSUITE_PYTEST_ROOTDIR", "PERFSUITE_PYTEST_INIFILE"
 CURRENT: RankSession | None = None  # while pytest runs in this rank (perfsuite.plugin.usercells)
@@ -126,8 +127,7 @@ def _leave_peers(ctx: Any, reason: str) -> None:
 
     note = {"run_token": os.environ.get("PERFSUITE_RUN_TOKEN"), "rank": ctx.rank, "reason": reason}
     path = Path(ctx.out_dir) / SKIP_NOTE.format(rank=ctx.rank)
-    path.with_suffix(".tmp").write_text(json.dumps(note))
-    path.with_suffix(".tmp").replace(path)
+    atomic_write_text(path, json.dumps(note))  # whole or not at all, no temporary file left
     if ctx.world_size > 1 and dist.is_initialized():
         dist.destroy_process_group()
 

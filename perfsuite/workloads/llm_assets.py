@@ -94,8 +94,12 @@ def random_checkpoint(size: str, cache_dir: Path) -> Path:
                 state[name] = (torch.randn(meta.shape, generator=gen) * INIT_STD).to(dtype)
         tmp = directory / f".{RANDOM_CHECKPOINT_FILE}.{os.getpid()}.tmp"
         directory.mkdir(parents=True, exist_ok=True)
-        torch.save(state, tmp)
-        os.replace(tmp, target)
+        try:
+            torch.save(state, tmp)
+            os.replace(tmp, target)
+        except BaseException:  # a full disk: no partial checkpoint left in the cache
+            tmp.unlink(missing_ok=True)
+            raise
     return directory
 
 
