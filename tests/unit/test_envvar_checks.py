@@ -21,7 +21,7 @@ BAD = {  # variable: (a value it does not take, what the refusal names besides t
     "PERFSUITE_RDZV_PORT": ("99999", "1 to 65535"),
     "PERFSUITE_HISTORY": ("OFF", "off"),
     "PERFSUITE_NSYS_BIN": ("{t}/nowhere/nsys", "executable"),
-    "PERFSUITE_NSYS_SEARCH_ROOT": ("{t}/nowhere", "folder"),
+    "PERFSUITE_NSYS_SEARCH_ROOT": ("{t}", "a folder"),  # {t}: a file here
     "PERFSUITE_EXPERIMENTS": ("{t}/nowhere.toml", "does not exist"),
     "PERFSUITE_TORCH_INDEX": ("cu999", "cu128"),
     "PERFSUITE_INSTALLER": ("conda", "uv, pip"),
@@ -51,7 +51,8 @@ def test_every_variable_takes_the_values_perfsuite_and_its_scripts_give_it(tmp_p
 
 @pytest.mark.parametrize("name", sorted(BAD))
 def test_a_bad_value_is_named_with_what_the_variable_takes(name, tmp_path):
-    value, takes = (v.replace("{t}", str(tmp_path)) for v in BAD[name])
+    value, takes = (v.replace("{t}", str(tmp_path / "a-file")) for v in BAD[name])
+    (tmp_path / "a-file").write_text("not a folder")
     (said,) = envvars.problems({name: value})
     assert f"${name}" in said and repr(value) in said and takes in said, said
 
