@@ -111,13 +111,15 @@ def _on_signal(signum, frame):
 
 def interrupt_on_signals():
     """SIGINT, SIGTERM and SIGHUP raise KeyboardInterrupt in the main thread,
-    once; later ones are noted and ignored (``finishing``). Returns the
-    function that puts the previous handlers back. Main thread only."""
+    once; later ones are noted and ignored (``finishing``); one already
+    ignored (nohup) is left so. Returns the function that puts the previous
+    handlers back. Main thread only."""
     _state.update(first=None, noted=False)
     previous = {}
     for name in INTERRUPTING:
         sig = getattr(signal, name, None)
-        if sig is not None:
+        # one ignored stays so: `nohup perfsuite run` is to outlive its terminal
+        if sig is not None and signal.getsignal(sig) != signal.SIG_IGN:
             previous[sig] = signal.signal(sig, _on_signal)
 
     def restore() -> None:

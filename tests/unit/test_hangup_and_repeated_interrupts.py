@@ -3,7 +3,7 @@ session) and SIGTERM are taken as Ctrl-C, once, and Ctrl-C pressed again
 while the results and the report are written waits for them; the run ends
 `interrupted`, with its report, its lock released, exit 130 (pytest: 2).
 
-Each session is a process of its own (tests/plugin/probe_interrupt.py), the
+A session under nohup keeps SIGHUP ignored. Each session is a process of its own (tests/plugin/probe_interrupt.py), the
 signals sent from a patched ``Runner.result`` at its second cell: no launch."""
 
 import json
@@ -49,6 +49,14 @@ def test_sighup_interrupts_once_later_signals_wait_and_the_handlers_are_put_back
     assert json.loads(done.stdout) == {"said": ["signal SIGHUP"], "restored": [True, True]}
     assert "still keeping what was measured" in done.stderr  # said once, of the later signals
     assert done.stderr.count("still keeping") == 1
+
+
+def test_a_session_under_nohup_keeps_sighup_ignored():
+    script = ("import signal\nfrom perfsuite.runner import handle_sigterm\nhandle_sigterm()\n"
+              "print(signal.getsignal(signal.SIGHUP) == signal.SIG_IGN)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    assert done.stdout.strip() == "True", done.stdout + done.stderr
 
 
 @pytest.mark.parametrize("signals", ["SIGHUP", "SIGINT SIGINT SIGINT", "SIGTERM SIGHUP SIGTERM"])
