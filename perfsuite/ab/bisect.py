@@ -400,10 +400,10 @@ class Bisection:
         (record,) = session.data["cells"]
         verdict = {"regressed": "bad", "same": "good", "improved": "good"}.get(record["verdict"], "skip")
         if record["verdict"] in ab.DECIDED:
-            reason = (f"step time {record['verdict'].upper()} {ab._interval(record)}, {record['n_b']} vs "
+            reason = (f"step time {record['verdict'].upper()} {ab.interval(record)}, {record['n_b']} vs "
                       f"{record['n_a']} launches, against good {self.good_commit[:12]}")
         elif record["verdict"] == "unknown":
-            reason = f"step time undecided, {ab._interval(record)}: {record['reason']}"
+            reason = f"step time undecided, {ab.interval(record)}: {record['reason']}"
         else:
             reason = f"{record['verdict']}: {record.get('reason')}"
         return Judgement(commit, self.subject(commit), verdict, record["verdict"], reason,
