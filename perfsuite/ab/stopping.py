@@ -1,11 +1,11 @@
 """How a resident A/B pair stops: once, in order, whatever stops it.
 
-A Ctrl-C or SIGTERM, a window past its timeout, a side whose launch failed
+A Ctrl-C, SIGTERM or SIGHUP, a window past its timeout, a side whose launch failed
 and a full disk end a pair alike (perfsuite.ab.resident.run_pair): the
 coordinator ends the windows, each side's launch ends (its ranks ended
 where they do not), its thread is joined, and only then do the socket and
 the launcher's zygotes close. Signals are taken in the main thread; while
-the sides stop, a further Ctrl-C or SIGTERM is said and put off
+the sides stop, a further one of those signals is said and put off
 (``deferred_interrupts``), so the cleanup is never broken off half-way.
 
 The coordinator's socket lives in a short temporary folder named for the
@@ -29,6 +29,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
+
+from perfsuite.system.lifetime import INTERRUPTING
 
 SOCKET_PREFIX = "perfsuite-ab-"
 FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -73,8 +75,9 @@ def socket_folder() -> str:
 
 @contextlib.contextmanager
 def deferred_interrupts(say: Callable[[str], None] | None = None) -> Iterator[list[int]]:
-    """Ctrl-C and SIGTERM said once and put off while the body runs (in the
-    main thread; elsewhere signals never arrive); yields those that came."""
+    """Ctrl-C, SIGTERM and SIGHUP (the signals a session ends on,
+    ``lifetime.INTERRUPTING``) said once and put off while the body runs (in
+    the main thread; elsewhere signals never arrive); yields those that came."""
     came: list[int] = []
     if threading.current_thread() is not threading.main_thread():
         yield came
@@ -86,7 +89,9 @@ def deferred_interrupts(say: Callable[[str], None] | None = None) -> Iterator[li
             say(STOPPING)
         came.append(signum)
 
-    previous = {sig: signal.signal(sig, later) for sig in (signal.SIGINT, signal.SIGTERM)}
+    signals = [getattr(signal, name) for name in INTERRUPTING if hasattr(signal, name)]
+    # one already ignored stays so (`nohup perfsuite ab`)
+    previous = {sig: signal.signal(sig, later) for sig in signals if signal.getsignal(sig) != signal.SIG_IGN}
     try:
         yield came
     finally:
