@@ -24,7 +24,7 @@ from perfsuite.schemas.records import CellResult
 from perfsuite.schemas.results import load
 from perfsuite.system import atomic, lifetime
 from perfsuite.system.folders import folder_problem
-from perfsuite.system.locking import HOLDER_NAME, LOCK_NAME, FolderLock, LockBusy
+from perfsuite.system.locking import HOLDER_NAME, LOCK_NAME, FolderLock, FolderNotMade, LockBusy
 
 # Imported where they are used, not here: the baselines and recording
 # (perfsuite.judge.baselines, .recording: scipy, pandas) and the history
@@ -162,8 +162,9 @@ class Runner:
             lock = FolderLock(out, "perfsuite session").acquire()
         except LockBusy as err:
             raise SessionError(str(err)) from None
-        except OSError as err:
-            raise SessionError(f"output directory {out}: cannot create it "
+        except OSError as err:  # the folder, or the lock: the first file written (a full disk)
+            what = "create it" if isinstance(err, FolderNotMade) else "write there"
+            raise SessionError(f"output directory {out}: cannot {what} "
                                f"({err.strerror or err}); choose another --out") from None
         try:
             self._claim(out)

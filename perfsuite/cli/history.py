@@ -369,7 +369,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
                         "folder or results.json it was added from; a commit names each run of it")
     _store_option(p)
     purpose = p.add_argument("--history-purpose", choices=PURPOSES,
-                             help="the purpose the runs are marked with (required)")
+                             help="the purpose the runs are marked with (required: no default)")
     options.add_old_name(p, "--purpose", purpose)
     p.add_argument("--json", action="store_true", help="print the runs marked as JSON")
     p.set_defaults(func=_cmd_mark)

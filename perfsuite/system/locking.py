@@ -45,6 +45,10 @@ def _read_holder(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+class FolderNotMade(OSError):
+    """The folder itself could not be made (as opposed to written into)."""
+
+
 class FolderLock:
     """``with FolderLock(folder, purpose):`` or acquire()/release().
 
@@ -65,7 +69,10 @@ class FolderLock:
 
     def acquire(self) -> FolderLock:
         self._made = not self.folder.exists()
-        self.folder.mkdir(parents=True, exist_ok=True)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise FolderNotMade(err.errno, err.strerror, err.filename) from None
         try:
             self._lock.acquire(timeout=self.wait_s)
         except Timeout:
