@@ -95,7 +95,7 @@ def test_a_full_disk_is_found_before_the_first_launch(tmp_path, fake, monkeypatc
 def test_an_output_directory_that_cannot_be_made_is_said_so_before_the_first_launch(tmp_path, fake):
     (tmp_path / "file").write_text("")  # its parent is a file: mkdir fails
     with pytest.raises(SessionError, match="out: cannot create it .Not a directory"):
-        session(tmp_path / "file" / "out").result(CELL)
+        session(tmp_path / "file" / "out", baselines=tmp_path / "bl").result(CELL)
     assert fake.calls == []
 
 
