@@ -2,9 +2,11 @@
 the verdicts' false alarms and detection power on a real cell (step time,
 ``--counters``, ``--ab``); ``history-detection``: what ``history changes``
 finds in series built from this machine's launches; ``overhead``: the
-instrumentation's cost on a training step. Their old commands (``perfsuite
-detection``, ``perfsuite history detection``, ``perfsuite overhead``) stay
-for one release and say where they went."""
+instrumentation's cost on a training step; ``error-rates``: ``perfsuite ab``'s
+false calls, smallest detectable change and minutes per verdict on this
+runner. Their old commands (``perfsuite detection``, ``perfsuite history
+detection``, ``perfsuite overhead``) stay for one release and say where they
+went."""
 
 from __future__ import annotations
 
@@ -35,6 +37,8 @@ COMMANDS = {  # subcommand: (its one-line help, its old command)
                     "against fresh interpreters", None),
     "attribution": ("whether `perfsuite diff` names an injected conv spin, all-reduce, parameter copy "
                     "and slower Linear (and nothing in an unchanged pair), on profiled CPU launches", None),
+    "error-rates": ("perfsuite ab's error rates on this runner: A/A sessions (side B unchanged) and injected "
+                    "ones per cell; false calls, the smallest detectable change, minutes per verdict", None),
 }
 
 
@@ -148,9 +152,73 @@ def cmd_attribution(args: argparse.Namespace) -> int:
     return _figures(args, out, figure_lines(out))
 
 
+def _error_rates_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cell", action="append", metavar="CELL",
+                   help="a cell measured, once each (default: a smoke cell on a machine without a GPU, "
+                        "gate/image/ddp-ds/g1/fp32/px500/pin/nchw on one with)")
+    p.add_argument("--sessions", type=int, metavar="N",
+                   help="A/A sessions a cell, and as many injected ones (default: 40 a CPU cell, 10 a GPU cell)")
+    p.add_argument("--fraction", type=float, default=0.05, metavar="F",
+                   help="how much slower the injected sessions' side B is (default 0.05)")
+    p.add_argument("--fault-kind", choices=("auto", *options.AB_FAULT_KINDS), default="auto",
+                   help="how side B is slowed: auto (gpu-sleep on a CUDA cell, else slow), slow (host time "
+                        "after each step) or gpu-sleep (device time after each optimizer step)")
+    p.add_argument("--tolerance", type=float, default=0.02, metavar="FRACTION",
+                   help="the sessions' tolerance (default 0.02, as the example workflow's A/B)")
+    p.add_argument("--steps", type=int, default=40, help="steps per launch, warm-up included")
+    p.add_argument("--max-launches", type=int, default=12,
+                   help="launches a side before a session in launch rounds says unknown")
+    options.add_resident_options(p.add_argument, note="as perfsuite ab: ")
+    p.add_argument("--out", type=Path, metavar="DIR",
+                   help="where the sessions and error-rates.json go (default: .perfsuite/error-rates)")
+    p.add_argument("--resume", action="store_true",
+                   help="go on from the sessions a stopped run left in --out (or add sessions: a larger --sessions)")
+    p.add_argument("--from-detection", type=Path, metavar="FILE",
+                   help="measure nothing: the figures from a record of `verdict-detection --ab` (its unchanged "
+                        "sessions are A/A ones), written to --out where given (default: none, measure)")
+    p.add_argument("--json", action="store_true", help="print only the figures, as JSON")
+    p.set_defaults(func=cmd_error_rates, launches_cells=True)
+
+
+def cmd_error_rates(args: argparse.Namespace) -> int:
+    import json
+
+    from perfsuite.selftest import error_rates as rates
+    from perfsuite.system.atomic import atomic_write_json
+
+    log = (lambda line: None) if args.json else (lambda line: print(line, flush=True))
+    try:
+        if args.from_detection:
+            try:
+                record = json.loads(args.from_detection.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as err:
+                raise ValueError(f"--from-detection {args.from_detection}: cannot read it as JSON ({err})") from err
+            out = rates.from_detection(record, args.fraction, str(args.from_detection))
+            if args.out:
+                args.out.mkdir(parents=True, exist_ok=True)
+                atomic_write_json(args.out / rates.FILE, out)
+                log(f"error-rates.json: {args.out / rates.FILE}")
+        else:
+            out = rates.measure_error_rates(args.cell, args.sessions, args.fraction, args.out, resume=args.resume,
+                                            tolerance=args.tolerance, steps=args.steps,
+                                            max_launches=args.max_launches, mode=args.mode,
+                                            resident={"window_steps": args.window_steps, "quads": args.quads,
+                                                      "max_pairs": args.max_pairs},
+                                            fault_kind=args.fault_kind, log=log)
+            log(f"error-rates.json: {out['file']}")
+    except (ValueError, KeyError, RuntimeError) as err:
+        print(f"perfsuite selftest error-rates: {str(err).strip(chr(39))}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"perfsuite selftest error-rates: stopped; the sessions that ended are kept in "
+              f"{(args.out or rates.DEFAULT_OUT) / rates.FILE}, and --resume goes on from them", file=sys.stderr)
+        raise
+    return _figures(args, {k: v for k, v in out.items() if k != "per_session"}, rates.figure_lines(out))
+
+
 ADD_OPTIONS = {"attribution": _attribution_options, "verdict-detection": _verdict_detection_options,
                "history-detection": _history_detection_options, "overhead": _overhead_options,
-               "launch-cost": _launch_cost_options}
+               "launch-cost": _launch_cost_options, "error-rates": _error_rates_options}
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from perfsuite.report import cellview as cv
+from perfsuite.report.error_rates import table_context
 from perfsuite.report.formatting import fmt, fmt_bytes, quantity, sort_key
 from perfsuite.report.gallery import render_figures
 from perfsuite.report.page_data import report_context
@@ -44,25 +45,28 @@ def _environment():
 
 
 def render_html(results: Mapping[str, Any], figures: list[ReportFigure] | None = None,
-                base: Path | str | None = None) -> str:
+                base: Path | str | None = None, error_rates: Mapping[str, Any] | None = None) -> str:
     """The page as a string; figures are drawn here unless given. ``base``, the
-    run folder the page is written to, makes the links point at files that exist."""
+    run folder the page is written to, makes the links point at files that exist;
+    ``error_rates`` (a loaded error-rates.json) adds the runner's error rates."""
     if figures is None:
         figures = render_figures(list(results.get("cells") or []))
     context = report_context(results, figures, Path(base) if base is not None else None)
-    return _environment().get_template("report.html.j2").render(css=CSS, trends=trends_link(base), **context)
+    return _environment().get_template("report.html.j2").render(css=CSS, trends=trends_link(base),
+                                                                error_rates=table_context(error_rates), **context)
 
 
 def write_html_report(results: Mapping[str, Any], out_path: Path | str,
-                      figures: list[ReportFigure] | None = None) -> Path:
+                      figures: list[ReportFigure] | None = None,
+                      error_rates: Mapping[str, Any] | None = None) -> Path:
     """Write the run's report page (written whole, then renamed into place)."""
     out_path = Path(out_path)
-    atomic_write_text(out_path, render_html(results, figures, base=out_path.parent))
+    atomic_write_text(out_path, render_html(results, figures, base=out_path.parent, error_rates=error_rates))
     return out_path
 
 
-def write_reports(results_dir: Path | str, *, figure_dir: str | None = "figures"
-                  ) -> dict[str, Path]:
+def write_reports(results_dir: Path | str, *, figure_dir: str | None = "figures",
+                  error_rates: Mapping[str, Any] | None = None) -> dict[str, Path]:
     """results.csv, checks.csv and report.html (plus each figure as a PNG under
     ``figure_dir``, unless None) next to a run's results.json."""
     results_dir = Path(results_dir)
@@ -78,5 +82,5 @@ def write_reports(results_dir: Path | str, *, figure_dir: str | None = "figures"
         for fig in figures:
             if fig.png is not None:
                 (folder / f"{fig.name}.png").write_bytes(fig.png)
-    written["report_html"] = write_html_report(results, results_dir / "report.html", figures)
+    written["report_html"] = write_html_report(results, results_dir / "report.html", figures, error_rates)
     return written

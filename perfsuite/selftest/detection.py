@@ -327,6 +327,38 @@ def ab_fault(kind: str, cell: cells.Cell, slowdown: float) -> str:
     raise ValueError(f"fault kind {kind!r}: use one of {', '.join(AB_FAULT_KINDS)}")
 
 
+def run_ab_session(cell: cells.Cell, out_dir: Path, fault: str | None = None, *,
+                   tolerance: float = AB_TOLERANCE, max_launches: int = 12, mode: str = "auto",
+                   resident: dict[str, int] | None = None) -> dict[str, Any]:
+    """One ``perfsuite ab`` session of ``cell`` on this interpreter, side B
+    with the workload option ``fault=FAULT`` (None: B unchanged), into
+    ``out_dir``: its verdict, interval, smallest detectable change, launches
+    and wall time. A session ended by Ctrl-C raises KeyboardInterrupt: a
+    benchmark counts only sessions that came to an end."""
+    from perfsuite.ab.session import EXIT_INTERRUPTED, ABSession, python_side  # torch (ab.resident)
+
+    side_b = python_side("B", sys.executable)
+    if fault:
+        side_b.workload_options = {"fault": fault}
+    started = time.time()
+    session = ABSession([cell], python_side("A", sys.executable), side_b, out_dir, tolerance=tolerance,
+                        max_launches=max_launches, mode=mode, log=lambda line: None, **(resident or {}))
+    if session.run() == EXIT_INTERRUPTED:
+        raise KeyboardInterrupt
+    (judged,) = session.data["cells"]
+    return {"verdict": judged["verdict"], "ratio": judged.get("ratio"),
+            "ci_low": judged.get("ci_low"), "ci_high": judged.get("ci_high"),
+            "detectable": judged.get("detectable"), "confidence": judged.get("confidence"),
+            "mode": judged.get("mode"), "pairs": len(judged.get("pairs") or []),
+            "launches": judged["n_a"] + judged["n_b"], "seconds": round(time.time() - started, 1)}
+
+
+def session_line(judged: dict[str, Any]) -> str:
+    """A session of ``run_ab_session`` in one line."""
+    return (f"{judged['verdict']} (ratio {judged['ratio']}, {judged['ci_low']}-{judged['ci_high']}, "
+            f"{judged['mode']}, {judged['launches']} launches, {judged['seconds']:.0f} s)")
+
+
 def measure_ab_detection(trials: int = 20, cell_id: str = DEFAULT_CELL, steps: int = 40,
                          max_launches: int = 12, work_dir: Path | None = None, *,
                          tolerance: float = AB_TOLERANCE, mode: str = "auto",
@@ -340,8 +372,6 @@ def measure_ab_detection(trials: int = 20, cell_id: str = DEFAULT_CELL, steps: i
     ``perfsuite ab``; ``resident`` holds its window_steps, quads, max_pairs).
     ``fault_kind`` slows side B by host time (``slow``) or, on a CUDA cell,
     by device time (``gpu-sleep``: ``ab_fault``)."""
-    from perfsuite.ab.session import ABSession, python_side  # torch (ab.resident): the A/B trials' alone
-
     conditions = ab_conditions(slowdowns)
     cell = cells.get(cell_id).replace(max_steps=steps)
     faults = {name: ab_fault(fault_kind, cell, slowdown) for name, slowdown in conditions.items() if slowdown}
@@ -349,27 +379,12 @@ def measure_ab_detection(trials: int = 20, cell_id: str = DEFAULT_CELL, steps: i
     records: list[dict[str, Any]] = []
     for trial in range(trials):
         record: dict[str, Any] = {"trial": trial, "conditions": {}}
-        for name, slowdown in conditions.items():
-            side_b = python_side("B", sys.executable)
-            if slowdown:
-                side_b.workload_options = {"fault": faults[name]}
-            started = time.time()
-            session = ABSession([cell], python_side("A", sys.executable), side_b,
-                                work / f"trial{trial}" / _label(name), tolerance=tolerance,
-                                max_launches=max_launches, mode=mode, log=lambda line: None,
-                                **(resident or {}))
-            session.run()
-            (judged,) = session.data["cells"]
-            record["conditions"][name] = {
-                "verdict": judged["verdict"], "ratio": judged.get("ratio"),
-                "ci_low": judged.get("ci_low"), "ci_high": judged.get("ci_high"),
-                "detectable": judged.get("detectable"), "mode": judged.get("mode"), "pairs": len(judged.get("pairs") or []),
-                "launches": judged["n_a"] + judged["n_b"],
-                "seconds": round(time.time() - started, 1)}
-            log(f"trial {trial + 1}/{trials} {name:<9} -> {judged['verdict']} "
-                f"(ratio {judged.get('ratio')}, {judged.get('ci_low')}-{judged.get('ci_high')}, "
-                f"{judged.get('mode')}, {judged['n_b']} vs {judged['n_a']} launches, "
-                f"{time.time() - started:.0f} s)")
+        for name in conditions:
+            judged = run_ab_session(cell, work / f"trial{trial}" / _label(name), faults.get(name),
+                                    tolerance=tolerance, max_launches=max_launches, mode=mode,
+                                    resident=resident)
+            record["conditions"][name] = judged
+            log(f"trial {trial + 1}/{trials} {name:<9} -> {session_line(judged)}")
         records.append(record)
         atomic_write_json(work / "ab-detection.json", {"cell": cell.id, "tolerance": tolerance,
                                                        "fault_kind": fault_kind, "trials": records})
