@@ -1,5 +1,6 @@
 """An A/B session's words on its cells: the confidence each look is held to,
-a cell's summary line, the session's exit code, and which side failed a
+a cell's summary line, the session's exit code (a regression accepted on
+purpose, perfsuite.judge.accepted, passes it), and which side failed a
 resident launch pair."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 
 from perfsuite.ab.settings import MIN_PAIRS
 from perfsuite.ab.stopping import is_full, side_failed
+from perfsuite.judge import accepted as accepted_mod
 from perfsuite.judge.checks import FAILING
 from perfsuite.stats import launches as launchstats
 from perfsuite.stats.samples import DEFAULT_CONFIDENCE
@@ -51,6 +53,11 @@ def _detectable(record: dict[str, Any]) -> str:
     return "" if detectable is None else f"; smallest detectable change {detectable * 100:.2f} %"
 
 
+def _accepted(record: dict[str, Any]) -> str:
+    said = record.get("accepted")
+    return f"; {said['line']}" if said else ""
+
+
 def summary_line(record: dict[str, Any]) -> str:
     """The last word on a cell: verdict, interval, launches a side, and the
     smallest change its scatter resolved."""
@@ -60,15 +67,54 @@ def summary_line(record: dict[str, Any]) -> str:
     if record.get("mode") == "resident":
         return (f"{record['id']}  {verdict.upper()}  {interval(record)}, "
                 f"{record.get('quads', 0)} ABBA quads over {len(record.get('pairs') or [])} launch pairs"
-                + _detectable(record))
+                + _detectable(record) + _accepted(record))
     return (f"{record['id']}  {verdict.upper()}  {interval(record)}, "
-            f"{record['n_b']} vs {record['n_a']} launches" + _detectable(record))
+            f"{record['n_b']} vs {record['n_a']} launches" + _detectable(record) + _accepted(record))
+
+
+def accept(record: dict[str, Any], entries: list[Any], commit_a: str | None = None) -> None:
+    """A regressed cell (or failed check) that an entry of the accept file
+    covers keeps ``accepted``: the entry, and whether the change measured is
+    within it. An entry whose commit side A already holds accepts nothing."""
+    if record.get("verdict") == "regressed" and record.get("ratio") is not None:
+        entry = accepted_mod.applying(entries, record["id"], "step_time", commit_a)
+        if entry is not None:
+            record["accepted"] = accepted_mod.judged(entry, record["ratio"], record.get("ci_low"),
+                                                     record.get("ci_high"))
+    for check in record.get("checks") or []:
+        if check.get("verdict") in FAILING and check.get("ratio") is not None:
+            entry = accepted_mod.applying(entries, record["id"], check.get("metric") or check["name"], commit_a)
+            if entry is not None:
+                check["accepted"] = accepted_mod.judged(entry, check["ratio"], check.get("ci_low"),
+                                                        check.get("ci_high"))
+
+
+class Accepting:
+    """The accept file's entries, applied to each cell as its verdict is said."""
+
+    def __init__(self, entries: list[Any]) -> None:
+        self.entries = entries
+
+    def judge(self, record: dict[str, Any], commit_a: str | None = None) -> dict[str, Any]:
+        accept(record, self.entries, commit_a)
+        return record
+
+
+def load_accepted() -> Accepting:
+    """perfsuite-accept.toml (or PERFSUITE_ACCEPT_FILE's file): AcceptError, an
+    OSError naming the file and entry, where it is malformed."""
+    return Accepting(accepted_mod.load())
+
+
+def within_accepted(item: dict[str, Any]) -> bool:
+    return bool((item.get("accepted") or {}).get("within"))
 
 
 def exit_code(records: list[dict[str, Any]]) -> int:
-    """1 on a regression or a failed launch, else 3 while a cell is undecided, else 0."""
-    if any(r["verdict"] in ("regressed", "error")
-           or any(c["verdict"] in FAILING for c in r["checks"]) for r in records):
+    """1 on a regression (but one accepted on purpose) or a failed launch, else
+    3 while a cell is undecided, else 0."""
+    if any((r["verdict"] == "regressed" and not within_accepted(r)) or r["verdict"] == "error"
+           or any(c["verdict"] in FAILING and not within_accepted(c) for c in r["checks"]) for r in records):
         return EXIT_REGRESSED
     return EXIT_UNDECIDED if any(r["verdict"] == "unknown" for r in records) else EXIT_OK
 

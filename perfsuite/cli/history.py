@@ -97,43 +97,23 @@ def _fmt(value: float, unit: str | None) -> str:
     return f"{value:.6g}{f' {unit}' if unit else ''}"
 
 
-def _change_lines(change) -> list[str]:
-    from perfsuite.history.store import when
-
-    if change.ratio is not None:
-        r = change.ratio
-        size = (f"x{r.estimate:.4f} ({r.low:.4f}-{r.high:.4f}, {r.confidence:.0%} {r.method})")
-    else:
-        size = f"{_fmt(change.last_good.value, None)} -> {_fmt(change.first_bad.value, None)}"
-    before, after = ("last good", "first bad") if change.direction == "regressed" else (
-        "last before", "first after")
-    lines = [f"  {change.direction} {size}, p={change.pvalue:.2g}",
-             f"    {before} {change.last_good.commit[:12]} ({when(change.last_good.time)}, "
-             f"{_fmt(change.last_good.value, change.last_good.unit)})",
-             f"    {after} {change.first_bad.commit[:12]} ({when(change.first_bad.time)}, "
-             f"{_fmt(change.first_bad.value, change.first_bad.unit)})"]
-    if change.counter_lines is None:
-        lines.append("    work counters: not recorded on both runs")
-    elif not change.counter_lines:
-        lines.append("    work counters: unchanged (the same work per step)")
-    else:
-        lines += [f"    work counters: {line}" for line in change.counter_lines]
-    return lines
-
-
 def _cmd_changes(args: argparse.Namespace) -> int:
-    from perfsuite.history.changes import find_changes, regressed_at_head
+    from perfsuite.history.changes import find_changes, level_start, regressed_at_head
     from perfsuite.history.store import HistoryError
+    from perfsuite.judge import accepted
 
     if not 0 < args.max_pvalue < 1 or args.min_change < 0 or args.window < 2:
         return _fail("changes", ValueError("--max-pvalue must lie in (0, 1), --min-change >= 0, "
                                            "--window >= 2"))
+    if args.bisect and not args.confirm:
+        return _fail("changes", ValueError("--bisect bisects the confirmed change points: give --confirm too"))
     include = _include(args, "changes")
     if include is None:
         return EXIT_USAGE
     try:
+        entries = accepted.load()  # a change accepted at a commit starts its series' level there
         series, left_out, _ = _read_series(args, include)
-    except HistoryError as err:
+    except (HistoryError, accepted.AcceptError) as err:
         return _fail("changes", err)
     if not series:
         from perfsuite.history.store import left_out_line
@@ -149,36 +129,65 @@ def _cmd_changes(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"no {args.metric} history yet")
         return EXIT_OK
-    report, at_head = [], []
+    report, at_head, levels = [], [], {}
     for (cell, metric, profile), points in series.items():
+        starts = accepted.level_starts(entries, cell, metric)
         changes = find_changes(points, cell=cell, metric=metric, profile=profile,
                                max_pvalue=args.max_pvalue, min_change=args.min_change,
-                               window=args.window)
+                               window=args.window, level_from=[e.commit for e in starts])
+        at = level_start(points, [e.commit for e in starts])  # the entry that started it, said below
+        levels[cell, metric, profile] = next(e for e in reversed(starts) if points[at].commit.startswith(
+            e.commit)) if at else None
         if regressed_at_head(changes):
             at_head.append(changes[-1])
         report.append((cell, metric, profile, points, changes))
+    confirmed = None
     if args.json:
+        confirmed = _confirm(args, at_head) if args.confirm else None
         emit_json(args, {"series": [{"cell": c, "metric": m, "profile": p, "commits": len(points),
-                                     "changes": [ch.to_dict() for ch in changes]}
+                                     "changes": [ch.to_dict() for ch in changes],
+                                     "level_from": levels[c, m, p] and vars(levels[c, m, p])}
                                     for c, m, p, points, changes in report],
-                         "regressed_at_head": [ch.to_dict() for ch in at_head],
-                         "left_out": left_out})
+                         "regressed_at_head": [ch.to_dict() for ch in at_head], "left_out": left_out,
+                         **({"confirmed": [c.to_dict() for c in confirmed]} if confirmed is not None else {})})
     else:
         for cell, metric, profile, points, changes in report:
             if not changes and not args.verbose:
                 continue
             print(f"{cell} {metric} [{profile}] {len(points)} commit(s): "
                   f"{len(changes) or 'no'} change point(s)")
+            if levels[cell, metric, profile] is not None:
+                entry = levels[cell, metric, profile]
+                print(f"  level from {entry.commit[:12]}: {entry.line()}")
             for change in changes:
-                print("\n".join(_change_lines(change)))
+                print("\n".join(change.describe()))
         found = sum(len(r[4]) for r in report)
         print(f"{found} change point(s) in {len(report)} series (Apache Otava E-Divisive, "
               f"p <= {args.max_pvalue:g}, windows of {args.window})")
         _say_left_out(left_out)
         for change in at_head:
-            print(f"REGRESSED at head: {change.cell} {change.metric} [{change.profile}] since "
-                  f"{change.first_bad.commit[:12]}")
+            print(f"{'to confirm, regressed' if args.confirm else 'REGRESSED'} at head: {change.cell} "
+                  f"{change.metric} [{change.profile}] since {change.first_bad.commit[:12]}")
+        confirmed = _confirm(args, at_head) if args.confirm else None
+    if confirmed is not None:
+        from perfsuite.ab.confirm import exit_code
+
+        return exit_code(confirmed)
     return EXIT_REGRESSED if at_head else EXIT_OK
+
+
+def _confirm(args: argparse.Namespace, changes: list) -> list:
+    """Each regression at a head measured again by an A/B of its two commits (perfsuite.ab.confirm)."""
+    from perfsuite.ab import confirm
+
+    if not changes:
+        print("nothing to measure again: no series regressed at its head")
+        return []
+    settings = confirm.Settings(repo=args.repo.resolve(), out=(args.out or confirm.default_out()).resolve(),
+                                bisect=args.bisect, statistic=args.launch_statistic)
+    found = confirm.confirm_changes(changes, settings)
+    print("\n".join(confirm.report(found)))
+    return found
 
 
 def _all_left_out(args: argparse.Namespace, left_out: dict[str, int]) -> str:
@@ -375,7 +384,8 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_mark)
 
     p = sub.add_parser("changes", help="change points per cell, metric and hardware profile; "
-                                       "exit 1 when the newest run sits after a regression")
+                                       "exit 1 when the newest run sits after a regression (with "
+                                       "--confirm: one an A/B confirms)")
     p.add_argument("--cell", metavar="PATTERN", help="a cell id or a glob, smoke/image/* (default: every cell)")
     p.add_argument("--metric", default=DEFAULT_METRIC, metavar="NAME", help="the metric of the series")
     _series_options(p)
@@ -385,6 +395,15 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
                    help="keep a significant change point only beyond this relative size")
     p.add_argument("--window", type=int, default=DEFAULT_WINDOW, metavar="COMMITS",
                    help="commits per window of Otava's split step")
+    p.add_argument("--confirm", action="store_true",
+                   help="measure each regression at a head again, by an A/B of its first bad commit against its "
+                        "last good one in --repo: exit 1 only where the A/B says regressed, 3 where it is undecided")
+    p.add_argument("--repo", type=Path, default=Path("."), metavar="DIR",
+                   help="with --confirm: the git repository of the history's commits (default: here)")
+    p.add_argument("--bisect", action="store_true",
+                   help="with --confirm: bisect a confirmed change where commits lie between its two")
+    p.add_argument("--out", type=Path, metavar="DIR",
+                   help="with --confirm: the A/B sessions' folder (default: .perfsuite/confirm-<time>-<pid>)")
     p.add_argument("--json", action="store_true", help="print the changes as JSON")
     p.add_argument("-v", "--verbose", action="store_true", help="list series without changes too")
     p.set_defaults(func=_cmd_changes)

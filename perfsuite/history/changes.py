@@ -7,19 +7,22 @@ t-test significance, Hunter's split/merge), of which perfsuite keeps a copy
 is told with the last good and first bad commit, its size as a Hodges-Lehmann
 ratio of the segments' values with its Mann-Whitney interval
 (``perfsuite.stats.samples.shift_ratio_interval``) and what the work
-counters of the two runs say (``counters.diff``).
+counters of the two runs say (``counters.diff``). A change accepted on
+purpose at a commit (perfsuite-accept.toml, ``perfsuite.judge.accepted``)
+starts the series' level there: the next change point is looked for from it on.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from perfsuite.history.edivisive import compute_change_points
-from perfsuite.history.store import DEFAULT_METRIC, Point
+from perfsuite.history.store import DEFAULT_METRIC, Point, when
 from perfsuite.judge.baselines import HIGHER_IS_BETTER
 from perfsuite.rank import counters as counters_mod
 from perfsuite.stats.samples import shift_ratio_interval
@@ -62,6 +65,32 @@ class Change:
                 "ratio": self.ratio.to_dict() if self.ratio is not None else None,
                 "counters": self.counter_lines}
 
+    def describe(self) -> list[str]:
+        """The change as ``perfsuite history changes`` prints it: size, commits, work counters."""
+        if self.ratio is not None:
+            r = self.ratio
+            size = (f"x{r.estimate:.4f} ({r.low:.4f}-{r.high:.4f}, {r.confidence:.0%} {r.method})")
+        else:
+            size = f"{_fmt(self.last_good.value, None)} -> {_fmt(self.first_bad.value, None)}"
+        before, after = ("last good", "first bad") if self.direction == "regressed" else (
+            "last before", "first after")
+        lines = [f"  {self.direction} {size}, p={self.pvalue:.2g}",
+                 f"    {before} {self.last_good.commit[:12]} ({when(self.last_good.time)}, "
+                 f"{_fmt(self.last_good.value, self.last_good.unit)})",
+                 f"    {after} {self.first_bad.commit[:12]} ({when(self.first_bad.time)}, "
+                 f"{_fmt(self.first_bad.value, self.first_bad.unit)})"]
+        if self.counter_lines is None:
+            lines.append("    work counters: not recorded on both runs")
+        elif not self.counter_lines:
+            lines.append("    work counters: unchanged (the same work per step)")
+        else:
+            lines += [f"    work counters: {line}" for line in self.counter_lines]
+        return lines
+
+
+def _fmt(value: float, unit: str | None) -> str:
+    return f"{value:.6g}{f' {unit}' if unit else ''}"
+
 
 def _size(after: list[float], before: list[float]) -> Any:
     try:
@@ -79,11 +108,27 @@ def _counter_lines(good: Point, bad: Point) -> list[str] | None:
     return counters_mod.describe(changes)
 
 
+def level_start(points: list[Point], commits: Iterable[str]) -> int:
+    """Where the series' level starts: the newest point whose commit is one of
+    ``commits`` (full or 7+ character prefixes: a change accepted there), else 0."""
+    prefixes = tuple(c.lower() for c in commits if c)
+    found = [i for i, p in enumerate(points) if prefixes and p.commit.lower().startswith(prefixes)]
+    return found[-1] if found else 0
+
+
 def find_changes(points: list[Point], *, cell: str = "", metric: str = DEFAULT_METRIC,
                  profile: str = "", max_pvalue: float = DEFAULT_MAX_PVALUE,
-                 min_change: float = 0.0, window: int = DEFAULT_WINDOW) -> list[Change]:
+                 min_change: float = 0.0, window: int = DEFAULT_WINDOW,
+                 level_from: Iterable[str] = ()) -> list[Change]:
     """The change points of one series, oldest first, by Otava's E-Divisive
-    (``perfsuite.history.edivisive.compute_change_points``)."""
+    (``perfsuite.history.edivisive.compute_change_points``). A commit of
+    ``level_from`` (a change accepted there) starts the level: the points before
+    it are not read, and no change point is at it."""
+    start = level_start(points, level_from)
+    if start:
+        found = find_changes(points[start:], cell=cell, metric=metric, profile=profile, max_pvalue=max_pvalue,
+                             min_change=min_change, window=window)
+        return [replace(change, index=change.index + start) for change in found]
     values = [p.value for p in points]
     if len(values) < 3 or not all(math.isfinite(v) for v in values):
         return []

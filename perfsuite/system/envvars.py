@@ -134,6 +134,12 @@ WORKFLOW_FILE = ".github/workflows/perfsuite-gpu.yml"
 
 VARIABLES: tuple[Variable, ...] = (
     # -- set by you, read by perfsuite itself
+    _user("PERFSUITE_ACCEPT_FILE",
+          "The file of regressions accepted on purpose that `perfsuite ab`, the gate's step-time check and "
+          "`history changes` read (docs/how-to/gate-a-change.md). Named here, it must exist.",
+          "perfsuite-accept.toml in the current folder or one above it, up to the repository's root",
+          "perfsuite/judge/accepted.py",
+          accepts=A_PATH),
     _user("PERFSUITE_BASELINES",
           "The baselines root: one folder per hardware profile (baselines/README.md). A root named here "
           "must be one: a misspelt path is an error, never every check quietly skipped. `--baselines` "
@@ -235,8 +241,9 @@ VARIABLES: tuple[Variable, ...] = (
           WORKFLOW_FILE, ".ci/full-shard",
           accepts=A_PATH),
     _user("PERFSUITE_HISTORY_SINCE",
-          "A repository variable of the example workflow: a commit after a regression that was accepted; "
-          "`history changes --since` starts main's series there.",
+          "A repository variable of the example workflow: a commit from which `history changes --since` "
+          "reads main's series. A regression accepted on purpose needs none: perfsuite-accept.toml starts "
+          "its series' level at its commit.",
           "none: the whole history",
           WORKFLOW_FILE, ".ci/history-changes",
           accepts=Accepts("a commit", lambda v: None)),
