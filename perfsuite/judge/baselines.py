@@ -1,10 +1,10 @@
 """Baselines: numbers to judge a run against, one folder per hardware profile.
 
-Folder files and columns: ``baselines/README.md``. This module finds the
-baselines root, loads and validates its folders (profile.json, the metric,
-ratio and finding tables, samples and work counters) and tells which
-hardware model a profile belongs to; ``perfsuite.judge.lookup`` finds
-the rows and counters that apply to a cell and what they expect of it.
+Folder files and columns: ``baselines/README.md``. This module finds the baselines root, loads
+and validates its folders (profile.json, the metric, ratio and finding tables, samples, work
+counters; profile summaries: ``perfsuite.judge.baseline_profiles``) and tells which hardware
+model a profile belongs to; ``perfsuite.judge.lookup`` finds the rows and counters that apply
+to a cell and what they expect of it.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any
 import pandas as pd
 
 from perfsuite import hardware
+from perfsuite.judge.baseline_profiles import PROFILES_FILE, parse_profiles
 from perfsuite.stats import launches as launchstats
 
 FORMAT = "perfsuite.baselines/1"
@@ -102,10 +103,9 @@ def _usable_root(root: Path | str | None) -> Path | None:
     root = Path(root) if root is not None else default_root()
     how = (f"the default is the project's {PROJECT_BASELINES}; pass another root with --perf-baselines "
            f"DIR (pytest), --baselines DIR (perfsuite run) or ${ROOT_ENV}=DIR, or leave them unset")
-    if not root.exists():
-        raise BaselineError(f"{root}: baselines root does not exist{given}; {how}")
     if not root.is_dir():
-        raise BaselineError(f"{root}: baselines root is not a directory{given}; {how}")
+        what = "is not a directory" if root.exists() else "does not exist"
+        raise BaselineError(f"{root}: baselines root {what}{given}; {how}")
     if (root / PROFILE_FILE).is_file():
         raise BaselineError(f"{root}: one baseline folder (it holds {PROFILE_FILE}), not a baselines "
                             f"root{given}; pass the folder above it, {root.parent}")
@@ -261,6 +261,7 @@ class BaselineSet:  # one folder: its profile.json facts and its tables
     # between-launch spread of launch values seen when recording, per statistic
     launch_spread: dict[str, launchstats.LaunchSpread] = field(default_factory=dict)
     counters: tuple[CounterBaseline, ...] = ()  # work counters, portable across hardware
+    profiles: dict[str, dict] = field(default_factory=dict)  # cell id -> {"summary": its profile, ...}
 
     def matches(self, profile_id: str | None) -> bool:
         return profile_id in (self.hardware, *self.aliases)
@@ -393,9 +394,8 @@ def _launch_spread(data: Any) -> dict[str, launchstats.LaunchSpread]:
             spread = None
         if (statistic not in LAUNCH_STATISTICS or spread is None or spread.dof < 1
                 or not math.isfinite(spread.log_sd) or spread.log_sd < 0):
-            raise BaselineError(f"'launch_spread' entry {statistic!r}: write "
-                                f"{{\"log_sd\": <s.d. of log launch values>, \"dof\": <n>}} "
-                                f"under a statistic among {LAUNCH_STATISTICS}")
+            raise BaselineError(f"'launch_spread' entry {statistic!r}: write {{\"log_sd\": <s.d. of log launch "
+                                f"values>, \"dof\": <n>}} under a statistic among {LAUNCH_STATISTICS}")
         out[statistic] = spread
     return out
 
@@ -416,14 +416,14 @@ def load_profile(path: Path | str) -> BaselineSet:
         problems.append(str(err))
     if problems:
         raise BaselineError(f"{file}: " + "; ".join(problems))
-    samples = check_samples(read_json(path / SAMPLES_FILE), path / SAMPLES_FILE) if (
-        path / SAMPLES_FILE).exists() else {}
+    samples = check_samples(read_json(f), f) if (f := path / SAMPLES_FILE).exists() else {}
     return BaselineSet(path, data["hardware"], data["kind"], tuple(data.get("aliases", ())),
                        read_table(path / METRICS_FILE, METRIC_COLUMNS, samples),
                        read_table(path / RATIOS_FILE, RATIO_COLUMNS, samples),
                        read_table(path / FINDINGS_FILE, RATIO_COLUMNS, samples), samples,
                        data.get("launch_statistic", launchstats.DEFAULT_LAUNCH_STATISTIC), spread,
-                       parse_counters(read_json(f), f) if (f := path / COUNTERS_FILE).exists() else ())
+                       parse_counters(read_json(f), f) if (f := path / COUNTERS_FILE).exists() else (),
+                       parse_profiles(read_json(f), f, BaselineError) if (f := path / PROFILES_FILE).exists() else {})
 
 
 def load_all(root: Path | str | None = None) -> list[BaselineSet]:

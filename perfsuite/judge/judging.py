@@ -153,9 +153,12 @@ UNTRUSTWORTHY = "untrustworthy"
 
 
 def baseline_checks(cell: Cell, result: CellResult, twin_of, sets: list) -> list[CheckRecord]:
-    """Checks against stored baselines; cross-cell ones get their twin's result."""
+    """Checks against stored baselines; cross-cell ones get their twin's result; a step-time
+    check that regressed or could not decide, the diff of the cell's profile against its
+    baseline's (perfsuite.judge.baseline_profiles)."""
     from perfsuite.judge.applicable import checks_for
-    from perfsuite.judge.checks import FindingRatio
+    from perfsuite.judge.baseline_profiles import attribute_check
+    from perfsuite.judge.checks import FindingRatio, StepTimeNotRegressed
 
     profile = profile_id(result.get("env") or {}) if result.get("env") else None
     out = []
@@ -167,6 +170,8 @@ def baseline_checks(cell: Cell, result: CellResult, twin_of, sets: list) -> list
         if hasattr(check, "twin_params"):
             twin = twin_of(check.twin_params(cell.params()))
         out.append(check.evaluate(result, twin).to_dict())
+        if isinstance(check, StepTimeNotRegressed) and check.expectation is not None:
+            attribute_check(out[-1], result, check.expectation.profile)
     return out
 
 
@@ -226,6 +231,13 @@ def failures(result: CellResult) -> list[CheckRecord]:
 
 
 def explain(result: dict[str, Any]) -> str:
-    """The failed checks of a result, one line each: metric, observed, expected, why."""
-    return "\n".join(f"{c['name']}: {c['verdict']}: observed {c['observed']}, expected "
-                     f"{c['expected']}. {c.get('message', '')}" for c in failures(result))
+    """The failed checks of a result, one line each: metric, observed, expected, why; under a
+    step-time check with a profile diff, its top rows (after the work counters where they changed)."""
+    from perfsuite.judge.baseline_profiles import attribution_text
+
+    failed = failures(result)
+    counted = any(c["name"] == "work_counters" for c in failed)
+    lines = [f"{c['name']}: {c['verdict']}: observed {c['observed']}, expected "
+             f"{c['expected']}. {c.get('message', '')}" for c in failed]
+    return "\n".join(lines + [attribution_text(c["attribution"], "  ", counters_changed=counted)
+                              for c in failed if c.get("attribution")])

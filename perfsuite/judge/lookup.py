@@ -12,7 +12,7 @@ themselves are loaded and validated by ``perfsuite.judge.baselines``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +123,8 @@ class Expectation:
     baseline: str = ""
     row_ids: tuple[str, ...] = ()
     reason: str = ""
+    # the recorded cell's profile summary (profiles.json), for the diff of a step-time verdict
+    profile: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
 
     @property
     def available(self) -> bool:
@@ -160,7 +162,8 @@ def _from_rows(rows: pd.DataFrame, bset: BaselineSet, metric: str, reference: st
         first.get("unit", ""), *_samples_of(bset.samples.get(first.get("samples_key") or "")),
         bset.launch_statistic, bset.launch_spread.get(bset.launch_statistic), reference,
         "; ".join(dict.fromkeys(r["source"] for r in records)),
-        bset.path.name, tuple(r["id"] for r in records))
+        bset.path.name, tuple(r["id"] for r in records),
+        profile=(bset.profiles.get(first.get("cell") or "") or {}).get("summary"))
 
 
 def _candidates(bset: BaselineSet, params: Mapping[str, Any], metric: str,

@@ -3,7 +3,8 @@
 Baselines (perfsuite.judge.baselines) only load and look up; this module writes:
 a run's ok cells become metrics.csv rows and samples.json entries, merged
 with the folder's earlier rows, and profile.json keeps the between-launch
-spread a run with repeated launches showed.
+spread a run with repeated launches showed; a profiled cell's summary goes
+to profiles.json (perfsuite.judge.baseline_profiles).
 """
 
 from __future__ import annotations
@@ -20,6 +21,15 @@ from typing import Any
 
 import pandas as pd
 
+from perfsuite.judge.baseline_profiles import (
+    PROFILES_FILE,
+    ROWS_KEPT,
+    STEP_METRICS,
+    merged_profiles,
+    parse_profiles,
+    profile_entries,
+    profiles_text,
+)
 from perfsuite.judge.baselines import (
     COUNTERS_FILE,
     COUNTERS_FORMAT,
@@ -126,6 +136,7 @@ class RecordPlan:
     written: bool = False
     launch_spreads: dict[str, launchstats.LaunchSpread] = field(default_factory=dict)
     counted_cells: int = 0  # cells whose work counters were recorded
+    profiled_cells: int = 0  # cells whose profile summary was recorded
 
     def describe(self) -> str:
         shown = {"added": "{r.id}: {r.new}", "removed": "{r.id}: {r.old}",
@@ -137,8 +148,10 @@ class RecordPlan:
                   f"{v.dof} d.o.f.)" for k, v in self.launch_spreads.items()]
         counted = [f"work counters of {self.counted_cells} cell(s) in {COUNTERS_FILE}"] * bool(
             self.counted_cells)
+        profiled = [f"profile summaries of {self.profiled_cells} cell(s) in {PROFILES_FILE} (the "
+                    f"{ROWS_KEPT} largest rows of each kind)"] * bool(self.profiled_cells)
         return "\n".join([f"{self.folder}:"] + lines + [f"{same} row(s) unchanged"] + spread
-                         + counted)
+                         + counted + profiled)
 
 
 def launch_spreads(results: Mapping[str, Any] | list) -> dict[str, launchstats.LaunchSpread]:
@@ -256,8 +269,11 @@ def _plan(results: Mapping[str, Any] | list, profile_id: str, folder: Path, forc
     keys = set(merged.get("samples_key", []))
     samples = {**{k: v for k, v in (old.samples if old else {}).items() if k in keys}, **samples}
     spreads = launch_spreads(results)
+    retimed = set(new_rows.loc[new_rows["metric"].isin(STEP_METRICS), "cell"]) if not new_rows.empty else set()
+    profiled = profile_entries(run_cells(results), retimed, date)
+    profiles = merged_profiles(old.profiles if old else {}, profiled, retimed)
     plan = RecordPlan(folder, merged, samples, diff_tables(old_rows, merged), write, spreads,
-                      len(counted))
+                      len(counted), len(profiled))
     old_counters = read_json(folder / COUNTERS_FILE)["entries"] if old and old.counters else []
     counters_text = _merged_counters(old_counters, counted) if counted else None
     # Checked as the folder's next load will check them, before anything is
@@ -267,6 +283,9 @@ def _plan(results: Mapping[str, Any] | list, profile_id: str, folder: Path, forc
     read_table(folder / METRICS_FILE, METRIC_COLUMNS, samples, df=merged)
     if counters_text:
         parse_counters(json.loads(counters_text), folder / COUNTERS_FILE)
+    profiles_json = profiles_text(profiles) if profiles else None
+    if profiles_json:
+        parse_profiles(json.loads(profiles_json), folder / PROFILES_FILE, BaselineError)
     if write:  # samples first, so metrics.csv never names samples that are not there
         body = ",\n".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in sorted(samples.items()))
         atomic_write_text(folder / SAMPLES_FILE, "{\n" + body + "\n}\n")  # a line per row: diffable
@@ -276,6 +295,10 @@ def _plan(results: Mapping[str, Any] | list, profile_id: str, folder: Path, forc
             meta["launch_statistic"] = launch_statistic
         if counters_text:
             atomic_write_text(folder / COUNTERS_FILE, counters_text)
+        if profiles_json:
+            atomic_write_text(folder / PROFILES_FILE, profiles_json)
+        elif (folder / PROFILES_FILE).exists():  # its last cells were recorded again without a profile
+            (folder / PROFILES_FILE).unlink()
         if spreads:  # the newest repeated recording says how launches scatter here
             meta["launch_spread"] = {k: {"log_sd": round(v.log_sd, 5), "dof": v.dof}
                                      for k, v in spreads.items()}
@@ -313,7 +336,8 @@ def record_missing(result: dict[str, Any], root: Path | str) -> Path | None:
         return None
     missing = {c["missing"] for c in checks}
     cell = {**result, "metrics": result.get("metrics") if "baseline" in missing else {},
-            "counters": result.get("counters") if "counters" in missing else None}
+            "counters": result.get("counters") if "counters" in missing else None,
+            "profile": result.get("profile") if "baseline" in missing else None}  # beside its samples
     try:
         plan = record_run({"env": result.get("env") or {}, "cells": [cell]}, root=root)
     except (BaselineError, OSError) as err:

@@ -10,8 +10,10 @@ share of the change its listed rows explain. A row is listed only above the
 diff's own noise: the spread of the profiled steps' times on each side
 (``NOISE_Z`` standard errors of the difference of their means), and the
 row's own spread per step. Rows only one side has are "appeared" or
-"vanished". Pure Python; the record is JSON-ready (``to_dict``); the
-terminal and markdown renderings are ``format_attribution`` and
+"vanished", unless the side without it kept only its largest rows
+(``meta["capped"]``: per category, the largest row it left out): then it is
+"capped", its change a lower bound. Pure Python; the record is JSON-ready
+(``to_dict``); the terminal and markdown renderings are ``format_attribution`` and
 ``markdown_attribution``. How to read it: docs/explanation/attribution.md.
 """
 
@@ -20,7 +22,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from .names import match_key
@@ -46,7 +48,7 @@ class AttributionRow:
     b_s: float
     a_calls: float
     b_calls: float
-    status: str  # changed | appeared | vanished
+    status: str  # changed | appeared | vanished | capped (left out under one side's cap on rows)
     share: float | None  # of the measured step-time change; None where that is 0
     noise_s: float  # this row's own noise floor
     a_name: str | None = None  # A's name where it differs (a kernel matched across builds)
@@ -57,6 +59,10 @@ class AttributionRow:
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "delta_s": self.delta_s}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> AttributionRow:
+        return cls(**{f.name: data.get(f.name) for f in fields(cls)})
 
 
 @dataclass
@@ -69,6 +75,11 @@ class LevelShare:
     def to_dict(self) -> dict[str, Any]:
         return {"level": self.level, "explained": self.explained, "unlisted": self.unlisted,
                 "rows": [row.to_dict() for row in self.rows]}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LevelShare:
+        return cls(data["level"], data.get("explained"), [AttributionRow.from_dict(r) for r in data.get("rows") or []],
+                   int(data.get("unlisted") or 0))
 
 
 @dataclass
@@ -101,6 +112,17 @@ class Attribution:
                 "steps": list(self.steps), "ranks": list(self.ranks),
                 "top": [row.to_dict() for row in self.top[:10]],
                 "levels": {name: level.to_dict() for name, level in self.levels.items()}}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Attribution:
+        """The diff again from ``to_dict``'s record (e.g. a cell's in ab.json;
+        other keys are left aside), so that it renders as before."""
+        def number(key: str) -> float:
+            return math.nan if data.get(key) is None else float(data[key])
+
+        return cls(number("a_step_s"), number("b_step_s"), number("change_s"), number("noise_s"),
+                   {name: LevelShare.from_dict(level) for name, level in data["levels"].items()},
+                   tuple(data["steps"]), tuple(data["ranks"]))
 
 
 def summary_of(data: ProfileSummary | Mapping[str, Any]) -> ProfileSummary:
@@ -140,6 +162,15 @@ def _rows(summary: ProfileSummary) -> tuple[dict[tuple[str, str], list[Any]], in
     return out, steps, ranks
 
 
+def _floors(summary: ProfileSummary, steps: int, ranks: int) -> dict[str, float]:
+    """Per level, the most a row that a capped summary left out can hold, per step and rank."""
+    out: dict[str, float] = {}
+    for category, total in (summary.meta.get("capped") or {}).items():
+        if (level := LEVEL_OF.get(category)) is not None:
+            out[level] = max(out.get(level, 0.0), float(total) / (steps * ranks))
+    return out
+
+
 def attribute(a: ProfileSummary | Mapping[str, Any], b: ProfileSummary | Mapping[str, Any], *,
               change_s: float | None = None, z: float = NOISE_Z) -> Attribution:
     """The diff of two profile summaries (a cell's merged one or one rank's).
@@ -157,12 +188,17 @@ def attribute(a: ProfileSummary | Mapping[str, Any], b: ProfileSummary | Mapping
         change_s = b_step - a_step
     noise = z * math.sqrt(_sem2(a_times) + _sem2(b_times))
     levels = {level: LevelShare(level, None) for level in LEVELS}
+    floors_a, floors_b = _floors(a, steps_a, ranks_a), _floors(b, steps_b, ranks_b)
     for key in sorted(set(rows_a) | set(rows_b)):
         level, _ = key
         sa, ca, va, name_a = rows_a.get(key, [0.0, 0.0, 0.0, None])
         sb, cb, vb, name_b = rows_b.get(key, [0.0, 0.0, 0.0, None])
+        capped = level in (floors_a if name_a is None else floors_b if name_b is None else ())
+        if capped:  # under the cap of the side without it: at most that side's floor there
+            sa, sb = (min(sb, floors_a[level]), sb) if name_a is None else (sa, min(sa, floors_b[level]))
         own = z * math.sqrt(va / steps_a + vb / steps_b)
-        status = "appeared" if name_a is None else "vanished" if name_b is None else "changed"
+        status = ("capped" if capped else "appeared" if name_a is None else "vanished" if name_b is None
+                  else "changed")
         row = AttributionRow(level, name_b or name_a, sa, sb, ca, cb, status,
                              (sb - sa) / change_s if change_s else None, own,
                              name_a if name_a not in (None, name_b) else None)
@@ -215,7 +251,8 @@ def _share(value: float | None) -> str:
 
 
 def _label(row: AttributionRow) -> str:
-    tag = {"appeared": " (appeared)", "vanished": " (vanished)"}.get(row.status, "")
+    tag = {"appeared": " (appeared)", "vanished": " (vanished)",
+           "capped": " (at least: one side kept its top rows only)"}.get(row.status, "")
     return f"{row.name}{tag}"
 
 

@@ -89,7 +89,36 @@ def check_row(check: Mapping[str, Any], cell: Mapping[str, Any]) -> dict[str, An
         "ratio": _interval(check), "ratio_sort": sort_key(check.get("ratio")),
         "ratio_short": _ratio_short(check),
         "message": check.get("message") or "", "forest": _forest(check),
+        "attribution": attribution_view(check, cell),
     }
+
+
+ATTRIBUTION_ROWS = 10  # of a step-time check's profile diff, on the cell's page
+
+
+def attribution_view(check: Mapping[str, Any], cell: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A step-time check's profile diff against its baseline's (its ``attribution``) as the
+    page shows it: the change, the largest rows, the explained shares; ``counters_first``
+    where the cell's work counters changed (they answer first: a step does other work)."""
+    from perfsuite.profiling.attribution import Attribution
+
+    record = check.get("attribution")
+    if not isinstance(record, Mapping):
+        return None
+    diff = Attribution.from_dict(record)
+    tags = {"appeared": " (appeared)", "vanished": " (vanished)", "capped": " (at least: under a cap on rows)"}
+    rows = [{"level": r.level, "name": r.name + tags.get(r.status, ""), "a_ms": r.a_s * 1e3,
+             "b_ms": r.b_s * 1e3, "delta_ms": r.delta_s * 1e3,
+             "share": None if r.share is None else 100 * r.share, "calls": f"{r.a_calls:g} → {r.b_calls:g}"}
+            for r in diff.top[:ATTRIBUTION_ROWS]]
+    head = (f"measured change {fmt(diff.change_s * 1e3)} ms a step; profiled steps {fmt(diff.a_step_s * 1e3)} ms "
+            f"(baseline) → {fmt(diff.b_step_s * 1e3)} ms (this run); rows within the diff's noise "
+            f"({fmt(diff.noise_s * 1e3)} ms a step) are not listed")
+    explained = ", ".join(f"{name} {100 * level.explained:.0f} %" for name, level in diff.levels.items()
+                          if level.explained is not None)
+    counted = any(k.get("name") == "work_counters" and k.get("verdict") in ("fail", "unknown")
+                  for k in cell.get("checks") or [])
+    return {"head": head, "rows": rows, "explained": explained, "counters_first": counted}
 
 
 def against_baseline(cell: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -46,11 +46,29 @@ def summary_lines(results: list[dict[str, Any]]) -> list[str]:
         else:
             parts.append(str(r.get("reason")))
         lines.append(f"{r['id']:<{width}}  " + "  ".join(parts))
-        for check in r.get("checks", []):
-            if check["verdict"] not in ("pass", "same", "improved"):
-                lines.append(f"{'':<{width}}    {check['verdict'].upper()} {check['name']}: "
-                             f"{check.get('message') or check.get('observed')}")
+        lines += check_lines(r.get("checks", []), " " * (width + 4))
     return lines
+
+
+def check_lines(checks: list[dict[str, Any]], indent: str) -> list[str]:
+    """A line per check that did not pass; under a step-time check with a profile
+    diff, its top 3 rows, after the work counters' line where they changed (the
+    noise-free first answer: a step that does other work)."""
+    from perfsuite.judge.baseline_profiles import attribution_text
+
+    counted = next((k for k in checks if k.get("name") == "work_counters"
+                    and k.get("verdict") in ("fail", "unknown")), None)
+    lines, held, seen = [], [], counted is None
+    for check in checks:
+        if check["verdict"] not in ("pass", "same", "improved"):
+            lines.append(f"{indent}{check['verdict'].upper()} {check['name']}: "
+                         f"{check.get('message') or check.get('observed')}")
+        seen = seen or check is counted
+        if check.get("attribution"):
+            held += attribution_text(check["attribution"], indent + "  ", counters_changed=counted is not None).splitlines()
+        if seen:
+            lines, held = lines + held, []
+    return lines + held
 
 
 def not_run_line(results: list[dict[str, Any]]) -> str | None:

@@ -69,6 +69,9 @@ class CheckRecord(TypedDict, total=False):
     missing: str  # "baseline" or "counters": skipped for want of one (judge.recording.record_missing)
     recorded: str  # the runner's baseline folder the missing one was recorded into
     measured_verdict: str  # what an untrustworthy node's check measured
+    # a step-time check that regressed or could not decide, of a cell profiled here and in its
+    # baseline: the profile diff (perfsuite.profiling.attribution.Attribution.to_dict())
+    attribution: dict[str, Any]
     traceback: str  # where judging itself failed
 
 
