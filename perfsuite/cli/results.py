@@ -85,24 +85,90 @@ def _finite(value: float | None) -> float | None:
     return float(value) if value is not None and math.isfinite(value) else None
 
 
+def add_summary_options(p: argparse.ArgumentParser) -> None:
+    """What the Markdown of --summary-md shows beside the verdicts (report and ab)."""
+    p.add_argument("--error-rates", type=Path, metavar="FILE",
+                   help="this runner's published error rates, shown beside each cell's verdict: the "
+                        "perfsuite.error-rates/1 file `perfsuite selftest error-rates` writes (default: none)")
+    p.add_argument("--artifacts-url", metavar="URL",
+                   help="where the session's files can be downloaded, linked at the end (default: none)")
+
+
+def error_rates(args: argparse.Namespace, command: str) -> dict | None:
+    """--error-rates read before anything is measured or written; a bad file is a usage error."""
+    if getattr(args, "error_rates", None) is None:
+        return None
+    from perfsuite.report.error_rates import load_error_rates
+
+    try:
+        return load_error_rates(args.error_rates)
+    except ValueError as err:
+        raise UsageProblem(f"perfsuite {command}: --error-rates {err}") from None
+
+
+def write_summary(markdown: str, dest: str) -> str | None:
+    """``markdown`` printed ('-') or appended to ``dest``: a CI step's summary
+    file may hold other steps' lines. The path written, else None."""
+    if dest == "-":
+        print(markdown)
+        return None
+    with open(dest, "a", encoding="utf-8") as out:
+        out.write(markdown + "\n")
+    print(f"summary: {dest}")
+    return dest
+
+
+def ab_json_of(path: Path) -> Path | None:
+    """An A/B session's ab.json, where ``path`` is one or its folder (and no run's)."""
+    if path.name == "ab.json" and path.is_file():
+        return path
+    if path.is_dir() and (path / "ab.json").is_file() and not (path / "results.json").exists():
+        return path / "ab.json"
+    return None
+
+
+def _report_ab(args: argparse.Namespace, path: Path) -> int:
+    """report of an A/B session's folder: ab.png and ab.html again, and its pull-request comment."""
+    import json
+
+    from perfsuite.report.ab import write_ab_reports
+    from perfsuite.report.pr_comment import ab_comment
+
+    rates = error_rates(args, "report")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise UsageProblem(f"perfsuite report: {path}: cannot read it ({err})") from None
+    if not str(data.get("schema", "")).startswith("perfsuite.ab/"):
+        raise UsageProblem(f"perfsuite report: {path}: not an A/B session's ab.json")
+    written = {name: str(p) for name, p in write_ab_reports(data, path.parent).items()}
+    for name, where in written.items():
+        print(f"{name}: {where}")
+    markdown = ab_comment(data, error_rates=rates, artifacts_url=args.artifacts_url) if args.summary_md else None
+    if markdown is not None and write_summary(markdown, args.summary_md):
+        written["summary_md"] = args.summary_md
+    if args.json:
+        emit_json(args, {**written, **({"summary_markdown": markdown} if args.summary_md == "-" else {})})
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from perfsuite.report.html import write_reports
 
+    ab_json = ab_json_of(args.run)
+    if ab_json is not None:
+        return _report_ab(args, ab_json)
     run = _load_run(args.run)  # a clear message for a missing or malformed results.json
-    written = {name: str(path) for name, path in write_reports(args.run).items()}
+    rates = error_rates(args, "report")
+    written = {name: str(path) for name, path in write_reports(args.run, error_rates=rates).items()}
     for name, path in written.items():
         print(f"{name}: {path}")
     markdown = None
     if args.summary_md:
         from perfsuite.report.markdown import summary_markdown
 
-        markdown = summary_markdown(run, str(args.run))
-        if args.summary_md == "-":
-            print(markdown)
-        else:  # appended: a CI step's summary file may hold other steps' lines
-            with open(args.summary_md, "a", encoding="utf-8") as out:
-                out.write(markdown + "\n")
-            print(f"summary: {args.summary_md}")
+        markdown = summary_markdown(run, str(args.run), error_rates=rates, artifacts_url=args.artifacts_url)
+        if write_summary(markdown, args.summary_md):
             written["summary_md"] = args.summary_md
     if args.json:
         emit_json(args, {**written, **({"summary_markdown": markdown} if args.summary_md == "-" else {})})
@@ -163,11 +229,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="print the folder, the rows that changed and the launch spread as JSON")
     p.set_defaults(func=cmd_baseline_record)
 
-    p = sub.add_parser("report", help="write results.csv, checks.csv and report.html of a run")
-    p.add_argument("run", type=Path, help="run directory or results.json")
+    p = sub.add_parser("report", help="write results.csv, checks.csv and report.html of a run "
+                                      "(ab.png and ab.html of an A/B session)")
+    p.add_argument("run", type=Path, help="run directory or results.json; or an A/B session's folder or ab.json")
     p.add_argument("--summary-md", metavar="PATH",
-                   help="also append the run's verdicts as Markdown to PATH ('-': print them), "
-                        'e.g. "$GITHUB_STEP_SUMMARY", a CI job\'s summary page (default: none)')
+                   help="also append the verdicts as Markdown to PATH ('-': print them), "
+                        'e.g. "$GITHUB_STEP_SUMMARY", a CI job\'s summary page; of an A/B session, its '
+                        "pull-request comment (default: none)")
+    add_summary_options(p)
     p.add_argument("--json", action="store_true", help="print the files written as JSON")
     p.set_defaults(func=cmd_report)
 

@@ -3,8 +3,9 @@
 
 The same reading as report.html's top: the headline of what needs attention
 (report/page_checks.attention), the cells that did not run, the checks that
-did not pass with their ratios and intervals, then every cell in a folded
-table. GitHub renders job summaries as GitHub-flavoured Markdown with HTML:
+did not pass with their ratios and intervals, each step-time check in the
+pull-request comment's layout (report/pr_comment.py), then every cell in a
+folded table. GitHub renders job summaries as GitHub-flavoured Markdown with HTML:
 every value from the run is escaped, and a summary is cut at 1 MiB, so the
 tables are capped.
 """
@@ -17,8 +18,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from perfsuite.report import cellview as cv
+from perfsuite.report import error_rates as rates_table
 from perfsuite.report.formatting import quantity
 from perfsuite.report.page_checks import BAD, GOOD, attention
+from perfsuite.report.pr_comment import gate_table
 from perfsuite.report.terminal import probe_lines
 
 MAX_ROWS = 200  # per table: a full-tier run has 106 cells, and a check row is ~300 bytes
@@ -55,7 +58,8 @@ def _checks(cell: Mapping[str, Any]) -> str:
     return ", ".join(f"{n} {verdict}" for verdict, n in ranked) or "none"
 
 
-def summary_markdown(run: Mapping[str, Any], title: str) -> str:
+def summary_markdown(run: Mapping[str, Any], title: str, *, error_rates: Mapping[str, Any] | None = None,
+                     artifacts_url: str | None = None) -> str:
     """The Markdown of one run (a loaded results.json); ``title`` names it."""
     cells = list(run.get("cells") or [])
     seen = attention(cells)
@@ -81,8 +85,13 @@ def summary_markdown(run: Mapping[str, Any], title: str) -> str:
                         [[k["cell"], k["name"], k["verdict"].upper(), k["observed"], k["expected"],
                           k["ratio"], k["message"]] for k in seen["checks"]], "checks")
         lines.append("")
+    step_time = gate_table(run, error_rates=error_rates, artifacts_url=artifacts_url)
+    lines += [*step_time, ""] if step_time else []
     lines += [f"<details><summary>All {len(cells)} cells</summary>", ""]
     lines += _table(["cell", "status", "step time (median)", "checks"],
                     [[c.get("id"), c.get("status"), _step(c), _checks(c)] for c in cells], "cells")
     lines += ["", "</details>", ""]
+    if error_rates:  # the runner's own: what a verdict here can be trusted to tell
+        lines += [f"### {rates_table.TITLE}", "", _text(rates_table.caption(error_rates)), ""]
+        lines += [*_table(rates_table.HEADER, rates_table.rows(error_rates), "cells"), ""]
     return "\n".join(lines)

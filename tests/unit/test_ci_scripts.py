@@ -1,5 +1,5 @@
 """The example GPU workflow's scripts (.ci/runner-venv, .ci/history-changes,
-.ci/full-shard, .ci/ab-gate-cells), run here as a runner's `run:` step runs
+.ci/full-shard, .ci/perfsuite-action), run here as a runner's `run:` step runs
 them, with stubs for the venv's python and perfsuite and for .ci/install:
 what they write to $GITHUB_ENV and the job summary, what they clean up on the
 runner's disk, the commands they run and how they exit. A full shard's -k
@@ -24,7 +24,7 @@ from perfsuite import cells
 from perfsuite.cli import shards as cli_shards
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPTS = ("runner-venv", "history-changes", "full-shard", "ab-gate-cells")
+SCRIPTS = ("runner-venv", "history-changes", "full-shard", "perfsuite-action")
 MNIST = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 DAY_S = 24 * 3600
 
@@ -151,6 +151,7 @@ def test_history_changes_prints_fills_the_summary_and_exits_as_the_command(runne
     assert done.stdout == "gate/x: no change point\n"
     (call,) = logged(Path(env["STUB_LOG"]))
     assert call == ["history", "changes", "--history", "/runner/history.sqlite", "--cell", "gate/*",
+                    "--confirm", "--bisect", "--repo", ".", "--out", ".perfsuite/confirm",
                     *(["--since", since] if since else [])]
     assert Path(env["GITHUB_STEP_SUMMARY"]).read_text() == (
         "### History: change points (gate)\n```\ngate/x: no change point\n```\n")
@@ -233,18 +234,179 @@ def test_a_shards_selection_collects_exactly_its_cells(tmp_path, runner, which):
         assert not any(c.endswith("/prof") for c in plan[0]["cells"])
 
 
-# --------------------------------------------------------- .ci/ab-gate-cells
-@pytest.mark.parametrize(("rc", "exits"), [(0, 0), (1, 1), (3, 0)])
-def test_ab_measures_the_gates_one_gpu_image_cells_at_2_percent_and_warns_when_undecided(tmp_path, runner, rc,
-                                                                                        exits):
-    """`perfsuite list` is this checkout's; `perfsuite ab` logs what it was asked and exits rc."""
+# ------------------------------------------------------ .ci/perfsuite-action
+WORKFLOW = ROOT / ".github" / "workflows" / "perfsuite-gpu.yml"
+ACTION = ROOT / ".github" / "actions" / "perfsuite" / "action.yml"
+AB_SESSION = ROOT / "tests" / "data" / "h100-2026-11-26" / "ab-slow2.json"  # a regressed cell
+CLI = f'exec "{sys.executable}" -m perfsuite.cli.main "$@"\n'  # this checkout's perfsuite
+
+
+def yaml_of(path: Path) -> dict:
+    return pytest.importorskip("yaml").safe_load(path.read_text())
+
+
+def ab_inputs() -> dict[str, str]:
+    """What the workflow's ab job gives the action."""
+    job = yaml_of(WORKFLOW)["jobs"]["ab"]
+    return next(step for step in job["steps"] if step.get("uses") == "$/.github/actions/perfsuite")["with"]
+
+
+def perfsuite_venv(tmp_path: Path, on_ab: str = "exit 0\n") -> Path:
+    """A venv whose perfsuite is this checkout's for list and report, and logs ab and run, then ``on_ab``."""
     folder = tmp_path / "venv"
-    stub(folder / "bin" / "perfsuite", f'if [ "$1" = list ]; then exec "{sys.executable}" -m perfsuite.cli.main "$@"; fi\n'
-                                       + LOG_ARGS + f"exit {rc}\n")
-    done = run_script(["bash", ".ci/ab-gate-cells", "base123", ".perfsuite/ab"], {**runner, "VENV": str(folder)})
+    stub(folder / "bin" / "perfsuite", 'case "$1" in list | report) ' + CLI.strip() + " ;; esac\n" + LOG_ARGS + on_ab)
+    return folder
+
+
+@pytest.mark.parametrize(("rc", "exits"), [(0, 0), (1, 1), (3, 0)])
+def test_the_actions_ab_measures_the_cells_it_matched_and_warns_when_undecided(tmp_path, runner, rc, exits):
+    given = ab_inputs()
+    env = {**runner, "VENV": str(perfsuite_venv(tmp_path, f"exit {rc}\n")), "MODE": "ab", "TIER": given["tier"],
+           "CELLS_MATCHING": given["cells-matching"], "GPUS": given["gpus"], "TOLERANCE": given["tolerance"],
+           "BASE": "base123", "OUT": given["out"]}
+    done = run_script(["bash", ".ci/perfsuite-action", "measure"], env)
     assert done.returncode == exits, done.stderr
     (call,) = logged(Path(runner["STUB_LOG"]))
     wanted = [c.id for c in cells.select(tier="gate", workload="image") if c.world_size == 1 and not c.profile]
     assert wanted and call == ["ab", *wanted, "--a-ref", "base123", "--b-ref", "HEAD", "--gpus", "0",
                                "--tolerance", "0.02", "--out", ".perfsuite/ab"]
-    assert ("::warning::perfsuite ab: a cell is undecided after 4 launch pairs" in done.stdout) == (rc == 3)
+    assert ("::warning::perfsuite ab: a cell is undecided" in done.stdout) == (rc == 3)
+
+
+@pytest.mark.parametrize("record", [True, False])
+def test_the_actions_gate_runs_the_cells_given_against_the_runners_baselines(tmp_path, runner, record):
+    env = {**runner, "VENV": str(perfsuite_venv(tmp_path, "exit 1\n")), "MODE": "gate", "CELLS": "gate/a  gate/b",
+           "RECORD_NEW": str(record).lower(), "OUT": "out"}
+    done = run_script(["bash", ".ci/perfsuite-action", "measure"], env)
+    assert done.returncode == 1  # a regression fails the step
+    (call,) = logged(Path(runner["STUB_LOG"]))
+    assert call == ["run", "gate/a", "gate/b", "--out", "out", "--fail-on-skipped", "--history", "off",
+                    "--runner-baselines", f"{runner['HOME']}/.cache/perfsuite/baselines",
+                    *(["--record-new"] if record else [])]
+
+
+def test_a_selection_of_no_cell_stops_before_measuring(tmp_path, runner):
+    env = {**runner, "VENV": str(perfsuite_venv(tmp_path)), "MODE": "ab", "CELLS_MATCHING": "^nothing$", "BASE": "b"}
+    done = run_script(["bash", ".ci/perfsuite-action", "measure"], env)
+    assert done.returncode == 2 and "no cell of tier gate matches cells-matching ^nothing$" in done.stderr
+    assert not logged(Path(runner["STUB_LOG"]))
+
+
+def test_the_actions_report_writes_the_comment_into_the_job_summary(tmp_path, runner):
+    out = tmp_path / "ab"
+    out.mkdir()
+    comment = tmp_path / "comment.md"
+    env = {**runner, "VENV": str(perfsuite_venv(tmp_path)), "OUT": str(out), "COMMENT": str(comment),
+           "ARTIFACTS_URL": "https://example.org/artifacts/9"}
+    empty = run_script(["bash", ".ci/perfsuite-action", "report"], env)  # stopped before its first cell
+    assert empty.returncode == 0 and "holds no session" in empty.stdout and not comment.exists()
+    shutil.copy(AB_SESSION, out / "ab.json")
+    done = run_script(["bash", ".ci/perfsuite-action", "report"], env)
+    assert done.returncode == 0, done.stderr
+    text = comment.read_text()
+    assert text.startswith("<!-- perfsuite-ab -->\n") and "https://example.org/artifacts/9" in text
+    assert "| `gate/image/ddp-ds/g1/fp32/px500/pin/nchw` | ❌ regressed |" in text
+    assert Path(runner["GITHUB_STEP_SUMMARY"]).read_text() == text
+    assert run_script(["bash", ".ci/perfsuite-action", "report"], env).returncode == 0
+    assert comment.read_text() == text  # written afresh, not appended to the last one
+
+
+def gh_stub(tmp_path: Path, found: str) -> Path:
+    """gh: logs each call; lists ``found`` as the id of a comment with the marker."""
+    folder = tmp_path / "gh-bin"
+    stub(folder / "gh", LOG_ARGS + f'case "$*" in *--paginate*) echo "{found}" ;; esac\n')
+    return folder
+
+
+@pytest.mark.parametrize(("mode", "found"), [("ab", ""), ("ab", "77"), ("gate", "78")])
+def test_the_comment_is_edited_in_place_where_there_is_one_else_posted(tmp_path, runner, mode, found):
+    comment = tmp_path / "comment.md"
+    comment.write_text("<!-- perfsuite-ab -->\n## perfsuite ab\n" if mode == "ab" else "## perfsuite: gate\n")
+    env = {**runner, "PATH": f"{gh_stub(tmp_path, found)}:{os.environ['PATH']}", "MODE": mode,
+           "COMMENT": str(comment), "REPO": "lab/perfsuite", "PR": "5", "GH_TOKEN": "t"}
+    done = run_script(["bash", ".ci/perfsuite-action", "comment"], env)
+    assert done.returncode == 0, done.stderr
+    listed, sent = logged(Path(runner["STUB_LOG"]))
+    marker = f"<!-- perfsuite-{mode} -->"
+    assert listed == ["api", "--paginate", "repos/lab/perfsuite/issues/5/comments", "--jq",
+                      f'.[] | select(.body | startswith("{marker}")) | .id']
+    target = f"repos/lab/perfsuite/issues/comments/{found}" if found else "repos/lab/perfsuite/issues/5/comments"
+    assert sent == ["api", "--method", "PATCH" if found else "POST", target, "-F", f"body=@{comment}"]
+    assert comment.read_text().splitlines()[0] == marker  # the gate's summary marked, the ab's kept as it was
+    assert comment.read_text().count(marker) == 1
+
+
+def test_without_gh_the_comment_is_left_to_the_job_summary(tmp_path, runner):
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    for name in ("bash", "dirname", "head", "cat", "mv"):
+        (bin_ / name).symlink_to(shutil.which(name))
+    comment = tmp_path / "comment.md"
+    comment.write_text("<!-- perfsuite-ab -->\nx\n")
+    done = run_script(["bash", ".ci/perfsuite-action", "comment"],
+                      {**runner, "PATH": str(bin_), "COMMENT": str(comment)})
+    assert done.returncode == 0 and "::warning::perfsuite action: gh (GitHub's CLI) is not on this runner" in done.stdout
+
+
+def expression(text: str, context: dict[str, object]) -> object:
+    """A GitHub expression of the action's kinds: names, ==, &&, ||, !cancelled() (never, here)."""
+    code = text.replace("!cancelled()", "True").replace("&&", " and ").replace("||", " or ")
+    names: dict[str, object] = {}
+
+    def name(match: re.Match) -> str:
+        names[f"v{len(names)}"] = context.get(match.group(0))
+        return f"v{len(names) - 1}"
+
+    code = re.sub(r"\b(?:github|inputs|steps|runner)(?:\.[A-Za-z_-]+)+", name, code)
+    return eval(code, {"__builtins__": {}}, names)  # the action's own expressions
+
+
+def substituted(value: object, context: dict[str, object]) -> str:
+    return re.sub(r"\$\{\{(.*?)\}\}", lambda m: str(expression(m.group(1), context)), str(value))
+
+
+def test_a_dry_run_of_the_actions_steps_as_the_workflows_ab_job_runs_them(tmp_path, runner):
+    """Every step of action.yml in order, as a runner runs a composite action:
+    its env from the inputs the ab job gives (the rest their defaults), what
+    a step writes to $GITHUB_ENV handed to the next, the upload's URL as its
+    output; a stub runner-venv, perfsuite ab (a regressed session, exit 1)
+    and gh, this checkout's perfsuite for list and report."""
+    action = yaml_of(ACTION)
+    copy = tmp_path / "action-repo"  # the action's repository as the runner fetched it
+    (copy / ".ci").mkdir(parents=True)
+    shutil.copy2(ROOT / ".ci" / "perfsuite-action", copy / ".ci" / "perfsuite-action")
+    venv = perfsuite_venv(tmp_path, f'out="${{@: -1}}"; mkdir -p "$out"; cp "{AB_SESSION}" "$out/ab.json"; exit 1\n')
+    stub(copy / ".ci" / "runner-venv", f'echo "VENV={venv}" >> "$GITHUB_ENV"\n'
+                                       'echo "torch index: ${PERFSUITE_TORCH_INDEX-unset}; extras: $*"\n')
+    inputs = {name: spec.get("default", "") for name, spec in action["inputs"].items()}
+    context = {"github.event.pull_request.base.sha": "base123", "github.token": "t", "github.event_name": "pull_request",
+               "github.repository": "lab/perfsuite", "github.event.pull_request.head.repo.full_name": "lab/perfsuite",
+               "github.event.pull_request.number": 5, "runner.temp": str(tmp_path),
+               "steps.upload.outputs.artifact-url": "https://example.org/artifacts/4242"}
+    inputs = {k: substituted(v, context) for k, v in inputs.items()}
+    inputs.update({k: v for k, v in ab_inputs().items() if "${{" not in str(v)})  # torch: a repository variable
+    inputs["out"] = str(tmp_path / "ab")  # the workspace's folder, here
+    context.update({f"inputs.{k}": v for k, v in inputs.items()})
+    env = {**runner, "PATH": f"{gh_stub(tmp_path, '')}:{os.environ['PATH']}",
+           "GITHUB_ACTION_PATH": str(copy / ".github" / "actions" / "perfsuite")}
+    (copy / ".github" / "actions" / "perfsuite").mkdir(parents=True)
+    ran = {}
+    for step in action["runs"]["steps"]:
+        if "if" in step and not expression(step["if"].strip().removeprefix("${{").removesuffix("}}"), context):
+            continue
+        if "uses" in step:  # the upload: its output is in the context
+            continue
+        step_env = {**env, **github_env(env), **{k: substituted(v, context) for k, v in step["env"].items()}}
+        assert step["shell"] == "bash"
+        ran[step["name"]] = run_script(["bash", "-c", step["run"]], step_env)
+    assert list(ran) == ["Install", "Measure", "Report", "Comment"]
+    assert ran["Install"].stdout == "torch index: unset; extras: llm\n"  # pinned: constraints.txt's
+    assert ran["Measure"].returncode == 1  # regressed: the step fails, the reports follow
+    assert all(ran[name].returncode == 0 for name in ("Install", "Report", "Comment")), ran
+    summary = Path(runner["GITHUB_STEP_SUMMARY"]).read_text()
+    assert summary.startswith("<!-- perfsuite-ab -->\n") and "https://example.org/artifacts/4242" in summary
+    calls = logged(Path(runner["STUB_LOG"]))
+    assert calls[0][0] == "ab" and "gate/image/ddp-ds/g1/fp32/px500/pin/nchw" in calls[0]
+    assert calls[0][-10:] == ["--a-ref", "base123", "--b-ref", "HEAD", "--gpus", "0", "--tolerance", "0.02",
+                              "--out", str(tmp_path / "ab")]
+    assert calls[-1][:4] == ["api", "--method", "POST", "repos/lab/perfsuite/issues/5/comments"]

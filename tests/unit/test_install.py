@@ -375,7 +375,11 @@ def test_every_install_runs_the_one_script():
     assert tox["testenv"].getboolean("skip_install")  # tox's own install would take no constraints
     assert "bash .ci/install .venv test" in (ROOT / ".ci" / "run").read_text()
     steps = [s["run"] for job in workflow()["jobs"].values() for s in job["steps"] if s.get("name") == "Install"]
-    assert len(steps) == len(workflow()["jobs"]) and set(steps) == {"bash .ci/runner-venv llm"}  # in every job
+    # every job but the ab job, which installs through this repository's action (.ci/perfsuite-action install)
+    by_action = [job for job in workflow()["jobs"].values()
+                 if any(s.get("uses") == "$/.github/actions/perfsuite" for s in job["steps"])]
+    assert len(steps) + len(by_action) == len(workflow()["jobs"]) and set(steps) == {"bash .ci/runner-venv llm"}
+    assert 'exec bash "$here/runner-venv" llm' in (ROOT / ".ci" / "perfsuite-action").read_text()
     runner_venv = (ROOT / ".ci" / "runner-venv").read_text()
     assert re.search(r'^bash \.ci/install "\$VENV" "\$@" \| tee "\$RUNNER_TEMP/install.txt"$', runner_venv, re.M)
     assert "pip install" not in runner_venv

