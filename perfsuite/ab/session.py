@@ -19,9 +19,8 @@ smallest change its scatter could resolve at the session's confidence
 (``detectable``: its interval's half-width as a ratio, ``detectable_change``).
 A CUDA cell's two resident sides share its GPU as its memory plan says
 (``resident.plan_memory``: plainly, releasing their cache when parked, or
-launch rounds where they cannot share it). The sides: perfsuite.ab.sides. Every other
-check of a cell (peak memory, accuracy, work counters:
-``comparing.compare_runs``) also compares A with B, over the launches measured.
+launch rounds where they cannot share it). The sides: perfsuite.ab.sides. Every other check
+(memory, accuracy, work counters: ``comparing.compare_runs``) also compares A with B.
 """
 
 from __future__ import annotations
@@ -32,6 +31,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from perfsuite.ab.attributing import attribute_cell, check_attribute, session_line, wanted
 from perfsuite.ab.resident import (
     LAUNCH_ROUNDS,
     MemoryPlan,
@@ -75,6 +75,7 @@ from perfsuite.ab.verdicts import (  # noqa: F401 - ab's face for its callers
     exit_code,
     finite,
     interval,
+    load_accepted,
     look_confidence,
     pair_failure,
     pair_look_confidence,
@@ -109,23 +110,24 @@ class ABSession:
                  max_launches: int = DEFAULT_MAX_LAUNCHES, argv: list[str] | None = None,
                  launch: LaunchOptions | None = None, mode: str = "auto",
                  window_steps: int = DEFAULT_WINDOW_STEPS, quads: int = DEFAULT_QUADS,
-                 max_pairs: int = DEFAULT_MAX_PAIRS,
+                 max_pairs: int = DEFAULT_MAX_PAIRS, attribute: str = "never",
                  log: Callable[[str], None] = lambda line: print(line, flush=True)) -> None:
         check_settings(tolerance, statistic, max_launches)
         check_resident_settings(mode, window_steps, quads, max_pairs)
         check_resident_cells(mode, cells, launch)
+        self.attribute, self.attribution_s = check_attribute(attribute), 0.0  # bisect, selftests: "never"
         self.mode, self.window_steps, self.quads, self.max_pairs = mode, window_steps, quads, max_pairs
         self.cells, self.sides = list(cells), {"A": side_a, "B": side_b}
         self.launch = launch  # both sides launch with it, each by its own interpreter and env
         self.out_dir = Path(out_dir).resolve()
         self.path = self.out_dir / "ab.json"
         self.tolerance, self.statistic, self.max_launches = tolerance, statistic, max_launches
-        self.log = log
+        self.log, self.accepted = log, load_accepted()  # perfsuite-accept.toml, refused before a launch
         self.data: ABRecord = {
             "schema": SCHEMA, "started": time.time(), "finished": None, "argv": argv or [],
             "settings": {"tolerance": tolerance, "confidence": DEFAULT_CONFIDENCE,
                          "look_confidence": look_confidence(max_launches),
-                         "launch_statistic": statistic, "max_launches": max_launches,
+                         "launch_statistic": statistic, "max_launches": max_launches, "attribute": attribute,
                          "min_launches": launchstats.MIN_LAUNCHES, "order": ORDER,
                          "launch": launch_settings(launch), "mode": mode,
                          "resident": {"window_steps": window_steps, "quads_per_pair": quads,
@@ -153,12 +155,16 @@ class ABSession:
                 self.data["cells"].append(record)
                 results = self._measure(cell, record)
                 self._other_checks(record, results)
-                self.log(summary_line(record))
+                self.log(summary_line(self.accepted.judge(record, self.sides["A"].commit)))
                 if record["verdict"] == "unknown":
                     self.log(f"    {record['reason']}")
                 for check in record["checks"]:
                     if check["verdict"] not in ("same", "pass", "skipped"):
                         self.log(f"    {check['name']}  {check['verdict'].upper()}  {check.get('message', '')}")
+                if wanted(record["verdict"], self.attribute):  # after the timing: nothing judged is profiled
+                    attribute_cell(self, cell, record, run_cell)
+            if self.attribution_s:
+                self.log(session_line(self.attribution_s, time.time() - self.data["started"]))
             code = exit_code(self.data["cells"])
         except KeyboardInterrupt:
             if record is not None and record["verdict"] is None:

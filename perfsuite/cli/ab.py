@@ -12,6 +12,7 @@ from typing import Any
 from perfsuite import cells as cells_mod
 from perfsuite import options
 from perfsuite.cli.exits import emit_json
+from perfsuite.cli.results import add_summary_options, error_rates, write_summary
 from perfsuite.cli.run import add_launch_group
 
 # perfsuite.ab (torch, scipy, pandas), perfsuite.runner (numpy) and
@@ -19,11 +20,15 @@ from perfsuite.cli.run import add_launch_group
 # every cli module to build its parser, and the CLI's first screen (perfsuite
 # list, --help) imports nothing heavy.
 
+ATTRIBUTE_WHEN = ("changed", "always", "never")  # perfsuite.ab.attributing's, without importing it
+
 AB_EPILOG = """\
 Launches alternate A B B A, A B B A, ... and are judged after every round
 once each side has 4; a cell stops when its verdict is same, regressed or
-improved, or at --max-launches a side (unknown). Writes OUT/ab.json (after
-every launch), ab.png and ab.html.
+improved, or at --max-launches a side (unknown). A cell regressed or
+improved then gets one short launch a side under torch.profiler, after the
+judged ones, and the terminal says where its step time went (--attribute).
+Writes OUT/ab.json (after every launch), ab.png and ab.html.
 
 exit codes:
   0    no regression in any cell
@@ -88,10 +93,21 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     _add_judging_options(p, "a cell is left unknown")
     resident = p.add_argument_group("resident windows (see docs/explanation/verdicts.md)")
     options.add_resident_options(resident.add_argument)
+    p.add_argument("--attribute", choices=ATTRIBUTE_WHEN, default=ATTRIBUTE_WHEN[0],
+                   help="changed: a cell regressed or improved gets one short launch a side under "
+                        "torch.profiler after its judged ones, and the diff of the two profiles (which "
+                        "modules, operators, kernels, collectives and copies changed); always: every judged "
+                        "cell; never: none")
     add_launch_group(p)
     p.add_argument("--json", action="store_true",
                    help="print a JSON summary on stdout at the end (each cell's verdict, interval, launches "
                         "and other checks; ab.json's path); progress goes to stderr")
+    p.add_argument("--summary-md", metavar="PATH",
+                   help="at the end, append the session's pull-request comment (each cell's verdict, interval, "
+                        "smallest detectable change, attribution and the command that measures it again) as "
+                        "Markdown to PATH ('-': print it), e.g. \"$GITHUB_STEP_SUMMARY\"; `perfsuite report OUT "
+                        "--summary-md PATH` writes it of a finished folder (default: none)")
+    add_summary_options(p)
     p.set_defaults(func=cmd_ab, launches_cells=True)
 
     p = sub.add_parser("bisect", help="the first commit of a repository whose cell regressed "
@@ -175,7 +191,17 @@ def _ab_summary(data: dict[str, Any], out: Path) -> dict[str, Any]:
             "settings": {k: v for k, v in data["settings"].items() if k != "sides"},
             "sides": {name: {k: side.get(k) for k in ("python", "env", "ref", "commit", "torch")}
                       for name, side in data["settings"]["sides"].items()},
-            "cells": [{k: record.get(k) for k in kept} for record in data["cells"]]}
+            "cells": [{**{k: record.get(k) for k in kept}, "attribution": _attribution(record)}
+                      for record in data["cells"]]}
+
+
+def _attribution(record: dict[str, Any]) -> dict[str, Any] | None:
+    """A cell's attribution for --json: its error, or the change, the explained share and the top 3 rows."""
+    found = record.get("attribution")
+    if not found:
+        return None
+    kept = ("error", "change_s", "explained", "noise_s", "profiled")
+    return {**{k: found[k] for k in kept if k in found}, **({"top": found["top"][:3]} if "top" in found else {})}
 
 
 def cmd_ab(args: argparse.Namespace) -> int:
@@ -203,6 +229,7 @@ OTHER_SESSIONS = {"ab.json": "an A/B session", "results.json": "a perfsuite run"
 def _ab_session(args: argparse.Namespace, ab: Any, out: Path, lock: Any, handle_sigterm: Any) -> int:
     from perfsuite.system.locking import LockBusy
 
+    rates = error_rates(args, "ab")  # a bad file refused before anything is set up
     try:
         chosen = _ab_cells([*args.targets, *([args.tier] if args.tier else [])])
         if not chosen:
@@ -246,8 +273,20 @@ def _ab_session(args: argparse.Namespace, ab: Any, out: Path, lock: Any, handle_
         return ab.EXIT_INTERRUPTED
     session = ab.ABSession(chosen, *sides, out, tolerance=args.tolerance, statistic=args.launch_statistic,
                            max_launches=args.max_launches, argv=sys.argv, launch=launch, mode=args.mode,
-                           window_steps=args.window_steps, quads=args.quads, max_pairs=args.max_pairs)
+                           window_steps=args.window_steps, quads=args.quads, max_pairs=args.max_pairs,
+                           attribute=args.attribute)
+    # How the ranks start, beside the launch settings ab.json keeps: the repro line names it.
+    session.data["settings"]["launch"]["rank_start"] = launch.rank_start
     code = session.run()
+    if args.summary_md:
+        from perfsuite.report.pr_comment import ab_comment
+
+        try:
+            write_summary(ab_comment(session.data, error_rates=rates, artifacts_url=args.artifacts_url),
+                          args.summary_md)
+        except OSError as err:  # the session is measured and kept: said, not raised
+            print(f"perfsuite ab: --summary-md {args.summary_md}: cannot write it ({err.strerror or err}); "
+                  f"`perfsuite report {out} --summary-md PATH` writes it again", file=sys.stderr)
     if args.json:
         emit_json(args, _ab_summary(session.data, out))
     from perfsuite.ab.stopping import deferred_interrupts

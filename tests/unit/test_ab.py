@@ -503,8 +503,10 @@ def test_a_sides_workload_option_reaches_its_launches_only(tmp_path, monkeypatch
     code = cli.main(["ab", SMOKE_CELL, "--b-option", "fault=slow:*:0:0.1", "--out", str(tmp_path),
                      "--mode", "launches"])
     assert code == ab.EXIT_REGRESSED and saved(tmp_path)["cells"][0]["verdict"] == "regressed"
-    for opts, (_, out_dir, _, _) in zip(fake.opts, fake.calls):
-        assert opts.options == ({"fault": "slow:*:0:0.1"} if out_dir.parent.name == "b" else {})
+    for opts, (_, out_dir, _, _) in zip(fake.opts, fake.calls):  # the attribution's profiled launches too
+        side = {"fault": "slow:*:0:0.1"} if out_dir.parent.name == "b" else {}
+        assert opts.options == (side if opts.profiler != "torch" else {**side, "count_steps": "0"})
+    assert fake.opts[-1].profiler == "torch"  # this fake's profiles are empty: side A's ends the attribution
     assert saved(tmp_path)["settings"]["sides"]["B"]["workload_options"] == {"fault": "slow:*:0:0.1"}
 
 
