@@ -261,15 +261,16 @@ def figure_lines(out: Mapping[str, Any]) -> list[str]:
         confidence = (out.get("confidence") or {}).get(cell_id)
         spread = c["detectable_spread"]
         planned = (out.get("planned") or {}).get(cell_id)
-        lines += [f"{cell_id}: {n} A/A sessions" + (f" of {planned} planned" if planned and planned > n else ""),
-                  f"  false calls (A/A called regressed or improved): {c['false_calls']}/{n}",
-                  f"  A/A called same:                                {c['same']}/{n}",
-                  f"  {injected['fraction']:.0%} slower B called regressed:                "
-                  f"{injected['regressed']}/{injected['sessions']}"]
+        lines.append(f"{cell_id}: {n} A/A sessions" + (f" of {planned} planned" if planned and planned > n else ""))
+        figures = [("false calls (A/A called regressed or improved)", f"{c['false_calls']}/{n}"),
+                   ("A/A called same", f"{c['same']}/{n}"),
+                   (f"{injected['fraction']:.0%} slower B called regressed",
+                    f"{injected['regressed']}/{injected['sessions']}")]
         if c["detectable"] is not None:
-            lines.append("  smallest detectable change"
-                         + (f" at {confidence:.1%} confidence" if confidence else "")
-                         + f": {c['detectable']:.2%} (median; {spread[0]:.2%}-{spread[1]:.2%})")
+            figures.append(("smallest detectable change" + (f" at {confidence:.1%} confidence" if confidence else ""),
+                            f"{c['detectable']:.2%} (median; {spread[0]:.2%}-{spread[1]:.2%})"))
         if c["minutes_per_verdict"] is not None:
-            lines.append(f"  minutes per verdict (median session):          {c['minutes_per_verdict']:.1f}")
+            figures.append(("minutes per verdict (median session)", f"{c['minutes_per_verdict']:.1f}"))
+        width = max(len(label) for label, _ in figures) + 1
+        lines += [f"  {label + ':':<{width}} {value}" for label, value in figures]
     return lines
