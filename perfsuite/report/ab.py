@@ -66,9 +66,11 @@ def attribution_figure_png(ab: Mapping[str, Any]) -> bytes | None:
     fig, axes = new_figure(len(cells), 6.5, 3.6, max_per_row=2)
     for ax, cell in zip(axes, cells):
         found = cell["attribution"]
-        rows = found["top"][:BARS][::-1]  # the largest at the top
+        rows = found["top"][:BARS]
         deltas = [row["delta_s"] * 1e3 for row in rows]
-        ax.barh(range(len(rows)), deltas, color=[SIDE_COLOURS["B"] if d > 0 else SIDE_COLOURS["A"] for d in deltas])
+        ax.barh(range(len(rows)), deltas, height=0.6,
+                color=[SIDE_COLOURS["B"] if d > 0 else SIDE_COLOURS["A"] for d in deltas])
+        ax.set_ylim(max(len(rows), 4) - 0.5, -0.5)  # the largest at the top; one row stays a bar, not a block
         ax.set_yticks(range(len(rows)), [_row_label(row, 48) for row in rows], fontsize=7)
         ax.axvline(0, color="#555555", linewidth=0.8)
         explained = found.get("explained")
