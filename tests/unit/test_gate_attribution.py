@@ -21,6 +21,7 @@ from perfsuite.judge.judging import explain, judge
 from perfsuite.judge.recording import record_run
 from perfsuite.profiling.attribution import attribute, format_attribution
 from perfsuite.report.html import render_html
+from perfsuite.report.markdown import summary_markdown
 from perfsuite.report.terminal import summary_lines
 from perfsuite.results import merge_repeats
 from perfsuite.schemas.results import validate
@@ -169,6 +170,11 @@ def test_the_cell_page_shows_the_diff_as_a_table(tmp_path):
     table = page[page.index('class="sortable gate-attribution"'):]
     assert f'<td class="id">{CONV}</td>' in table[:table.index("</table>")]
     assert "The work counters changed" not in page
+
+
+def test_the_markdown_summary_shows_the_top_rows(tmp_path):
+    markdown = summary_markdown({"cells": [regressed_run(tmp_path)]}, "run")
+    assert f"| module | `{CONV}` |" in markdown
 
 
 def test_changed_work_counters_come_first_and_the_diff_after_them(tmp_path):
