@@ -72,6 +72,7 @@ class CheckRecord(TypedDict, total=False):
     # a step-time check that regressed or could not decide, of a cell profiled here and in its
     # baseline: the profile diff (perfsuite.profiling.attribution.Attribution.to_dict())
     attribution: dict[str, Any]
+    accepted: dict[str, Any]  # judge.accepted.judged: the accepted change it was judged against
     traceback: str  # where judging itself failed
 
 
@@ -150,6 +151,7 @@ class ABCellRecord(TypedDict, total=False):
     ci_high: float | None
     confidence: float
     detectable: float | None  # the smallest change the session resolved
+    p_value: float | None  # launch rounds: the test of B's launches against A's
     method: str
     dof: float
     tau2: float
@@ -160,9 +162,12 @@ class ABCellRecord(TypedDict, total=False):
     quads: int
     memory: dict[str, Any] | None  # the resident sides' plan (ab.resident.plan_memory)
     pairs: list[dict[str, Any]]
+    partial_pairs: list[dict[str, Any]]  # a pair's windows until it is whole (or cut short: "ended")
     rounds: list[dict[str, Any]]
     launches: list[dict[str, Any]]
     checks: list[CheckRecord]
+    attribution: dict[str, Any]  # profiling.attribution.Attribution.to_dict() and "profiled", or {"error": ...}
+    accepted: dict[str, Any]  # judge.accepted.judged: the accepted change it was judged against
 
 
 class ABRecord(TypedDict, total=False):
@@ -179,3 +184,4 @@ class ABRecord(TypedDict, total=False):
     cells: list[ABCellRecord]
     exit_code: int
     interrupted: bool
+    attribution_wall_s: float  # what the attribution's profiled launches added to the session

@@ -247,3 +247,15 @@ def test_resident_mode_with_a_profiler_is_still_refused(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "(--profiler torch)" in err and "leave --mode out" in err
     assert not (tmp_path / "ab.json").exists()
+
+
+def test_an_attributed_sessions_ab_json_names_only_keys_of_its_records(tmp_path, monkeypatch):
+    from perfsuite.schemas import records
+
+    launches(monkeypatch, launch_sigma=0.02)
+    run(tmp_path, slow="0.1", attribute="changed")
+    data = saved(tmp_path)
+    assert set(data) <= set(records.ABRecord.__annotations__), set(data) - set(records.ABRecord.__annotations__)
+    (cell,) = data["cells"]
+    assert "attribution" in cell
+    assert set(cell) <= set(records.ABCellRecord.__annotations__), set(cell) - set(records.ABCellRecord.__annotations__)
