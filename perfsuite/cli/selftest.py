@@ -250,7 +250,7 @@ def cmd_verdict_detection(args: argparse.Namespace) -> int:
             out = measure_ab_detection(trials=args.trials, cell_id=args.cell, steps=args.steps,
                                        max_launches=args.max_launches, work_dir=args.out,
                                        tolerance=args.tolerance, mode=args.mode, slowdowns=slowdowns,
-                                       fault_kind=args.fault_kind,
+                                       fault_kind=args.fault_kind, resume=args.resume,
                                        resident={"window_steps": args.window_steps, "quads": args.quads,
                                                  "max_pairs": args.max_pairs})
         except ValueError as err:

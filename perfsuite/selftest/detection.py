@@ -188,13 +188,14 @@ def summarize(settings: dict[str, Any], records: list[dict[str, Any]],
     }
 
 
-def _earlier_trials(path: Path, settings: dict[str, Any], resume: bool) -> list[dict[str, Any]]:
-    """The trials a stopped benchmark left in ``path``, if it is to go on."""
+def _earlier_trials(path: Path, settings: dict[str, Any], resume: bool,
+                   key: str = "per_trial") -> list[dict[str, Any]]:
+    """The trials a stopped benchmark left in ``path`` (its list ``key``), if it is to go on."""
     if not path.exists():
         return []
     try:
         saved = json.loads(path.read_text())
-        records = saved["per_trial"]
+        records = saved[key]
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise ValueError(f"{path} is not a detection summary this version can continue "
                          f"({err}); choose another --out") from err
@@ -363,7 +364,7 @@ def measure_ab_detection(trials: int = 20, cell_id: str = DEFAULT_CELL, steps: i
                          max_launches: int = 12, work_dir: Path | None = None, *,
                          tolerance: float = AB_TOLERANCE, mode: str = "auto",
                          slowdowns: tuple[float, ...] | None = None, resident: dict[str, int] | None = None,
-                         fault_kind: str = "slow",
+                         fault_kind: str = "slow", resume: bool = False,
                          log=lambda line: print(line, flush=True)) -> dict[str, Any]:
     """``perfsuite ab`` judged on itself: per trial, one A/B session per
     condition, side B the same interpreter with every training step slowed
@@ -376,8 +377,11 @@ def measure_ab_detection(trials: int = 20, cell_id: str = DEFAULT_CELL, steps: i
     cell = cells.get(cell_id).replace(max_steps=steps)
     faults = {name: ab_fault(fault_kind, cell, slowdown) for name, slowdown in conditions.items() if slowdown}
     work = Path(work_dir or tempfile.mkdtemp(prefix="perfsuite-ab-detection-"))
-    records: list[dict[str, Any]] = []
-    for trial in range(trials):
+    settings = {"cell": cell.id, "tolerance": tolerance, "fault_kind": fault_kind, "mode": mode,
+                "conditions": list(conditions), "resident": resident or {}}
+    # kept as they end: --resume goes on from the trials a stopped run left
+    records = _earlier_trials(work / "ab-detection.json", settings, resume, key="trials")
+    for trial in range(len(records), trials):
         record: dict[str, Any] = {"trial": trial, "conditions": {}}
         for name in conditions:
             judged = run_ab_session(cell, work / f"trial{trial}" / _label(name), faults.get(name),
@@ -386,8 +390,7 @@ def measure_ab_detection(trials: int = 20, cell_id: str = DEFAULT_CELL, steps: i
             record["conditions"][name] = judged
             log(f"trial {trial + 1}/{trials} {name:<9} -> {session_line(judged)}")
         records.append(record)
-        atomic_write_json(work / "ab-detection.json", {"cell": cell.id, "tolerance": tolerance,
-                                                       "fault_kind": fault_kind, "trials": records})
+        atomic_write_json(work / "ab-detection.json", {**settings, "trials": records})
     called = {name: Counter(r["conditions"][name]["verdict"] for r in records)
               for name in conditions}
     return {"cell": cell.id, "steps": steps, "max_launches": max_launches, "tolerance": tolerance,

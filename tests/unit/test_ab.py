@@ -326,6 +326,26 @@ def test_the_detection_benchmark_judges_ab_on_itself(tmp_path, monkeypatch):
     assert slowed["settings"]["sides"]["B"]["workload_options"] == {"fault": "slow:*:0:0.1"}
 
 
+def test_the_ab_detection_benchmark_goes_on_from_the_trials_a_stopped_run_left(tmp_path, monkeypatch):
+    """`verdict-detection --ab --resume`: the trials in --out are kept, not
+    measured again; without --resume (or with other settings) it refuses."""
+    from perfsuite.selftest import detection
+
+    fake_launches(monkeypatch)
+    quiet = {"work_dir": tmp_path, "mode": "launches", "tolerance": 0.05, "log": lambda line: None}
+    detection.measure_ab_detection(trials=1, **quiet)
+    first = json.loads((tmp_path / "ab-detection.json").read_text())["trials"]
+    with pytest.raises(ValueError, match="already holds 1 trial.*--resume"):
+        detection.measure_ab_detection(trials=2, **quiet)
+    with pytest.raises(ValueError, match="other settings.*tolerance"):
+        detection.measure_ab_detection(trials=2, resume=True, **{**quiet, "tolerance": 0.02})
+    lines = []
+    out = detection.measure_ab_detection(trials=2, resume=True, **{**quiet, "log": lines.append})
+    saved = json.loads((tmp_path / "ab-detection.json").read_text())["trials"]
+    assert out["trials"] == 2 and saved[0] == first[0] and saved[1]["trial"] == 1
+    assert all(line.startswith("trial 2/2") for line in lines if line.startswith("trial"))  # trial 1 kept
+
+
 def test_the_detection_benchmark_takes_its_slowdowns_and_window_settings(tmp_path, monkeypatch):
     """`selftest verdict-detection --ab --slowdowns 0.02 --quads 8`: the
     conditions are unchanged and 2 %, and every session gets the settings."""
