@@ -516,3 +516,16 @@ def test_a_new_users_workflow_is_under_25_lines_and_shown_in_the_docs():
     page = (ROOT / "docs" / "how-to" / "gpu-runners.md").read_text()
     assert "```yaml\n" + text + "```" in page
 
+
+
+def test_every_job_that_confirms_history_changes_checks_out_the_whole_history():
+    """history changes --confirm measures a change point's two commits: a
+    shallow checkout has neither (and an unshallowing fetch needs a token
+    the checkout does not leave)."""
+    jobs = workflow()["jobs"]
+    confirming = [name for name, job in jobs.items()
+                  if any(".ci/history-changes" in (step.get("run") or "") for step in job["steps"])]
+    assert sorted(confirming) == ["full", "gate"]
+    for name in confirming:
+        (checkout,) = [s for s in jobs[name]["steps"] if str(s.get("uses", "")).startswith("actions/checkout@")]
+        assert checkout["with"]["fetch-depth"] == 0, name
