@@ -71,7 +71,8 @@ def launch_settings(launch: LaunchOptions | None) -> dict[str, Any]:
     launch = launch or LaunchOptions()
     return {"data_dir": str(launch.data_dir) if launch.data_dir else None, "options": dict(launch.options),
             "timeout_s": launch.timeout_s, "profiler": launch.profiler, "gpus": launch.gpus,
-            "nnodes": launch.nodes.nnodes, "slurm": launch.nodes.slurm}
+            "nnodes": launch.nodes.nnodes, "slurm": launch.nodes.slurm,
+            "rank_start": launch.rank_start}  # the repro line names it (report.pr_comment)
 
 
 def _key_values(entries: list[str], flag: str, example: str) -> dict[str, str]:

@@ -275,8 +275,6 @@ def _ab_session(args: argparse.Namespace, ab: Any, out: Path, lock: Any, handle_
                            max_launches=args.max_launches, argv=sys.argv, launch=launch, mode=args.mode,
                            window_steps=args.window_steps, quads=args.quads, max_pairs=args.max_pairs,
                            attribute=args.attribute)
-    # How the ranks start, beside the launch settings ab.json keeps: the repro line names it.
-    session.data["settings"]["launch"]["rank_start"] = launch.rank_start
     code = session.run()
     if args.summary_md:
         from perfsuite.report.pr_comment import ab_comment

@@ -259,3 +259,11 @@ def test_an_attributed_sessions_ab_json_names_only_keys_of_its_records(tmp_path,
     (cell,) = data["cells"]
     assert "attribution" in cell
     assert set(cell) <= set(records.ABCellRecord.__annotations__), set(cell) - set(records.ABCellRecord.__annotations__)
+
+
+def test_ab_json_keeps_how_the_ranks_started_for_the_repro_line(tmp_path, monkeypatch):
+    from perfsuite.launch.launch import LaunchOptions
+
+    launches(monkeypatch, launch_sigma=0.02)
+    run(tmp_path, launch=LaunchOptions(rank_start="exec"))
+    assert saved(tmp_path)["settings"]["launch"]["rank_start"] == "exec"
