@@ -9,7 +9,9 @@ kernels), so shares are summed within a level only: each level says what
 share of the change its listed rows explain. A row is listed only above the
 diff's own noise: the spread of the profiled steps' times on each side
 (``NOISE_Z`` standard errors of the difference of their means), and the
-row's own spread per step. Rows only one side has are "appeared" or
+row's own spread per step; a row both sides hold whose calls per step
+differ is listed whatever its time (``calls_changed``: counted, not timed,
+so exact where a small change of time is not). Rows only one side has are "appeared" or
 "vanished", unless the side without it kept only its largest rows
 (``meta["capped"]``: per category, the largest row it left out): then it is
 "capped", its change a lower bound. Pure Python; the record is JSON-ready
@@ -36,6 +38,10 @@ LEVELS = ("module", "operator", "kernel", "collective", "copy")
 LEVEL_OF = {"module": "module", "cpu_op": "operator", "kernel": "kernel", "collective": "collective",
             "memcpy": "copy", "memset": "copy"}
 NOISE_Z = 3.0  # standard errors: a row of an unchanged pair lands above it about once in 400
+# Half a call a step (and rank): a steady training step calls each operator, kernel, collective and
+# copy a whole number of times, the same on both sides unless the code changed; a change of calls is
+# exact where a change of time is noisy (an extra clone of 158 parameters adds ~1 % of a CPU step).
+CALLS_CHANGED = 0.5
 
 
 @dataclass
@@ -52,6 +58,8 @@ class AttributionRow:
     share: float | None  # of the measured step-time change; None where that is 0
     noise_s: float  # this row's own noise floor
     a_name: str | None = None  # A's name where it differs (a kernel matched across builds)
+    # its calls per step (and rank) differ: counted, not timed, so listed even under the time noise
+    calls_changed: bool = False
 
     @property
     def delta_s(self) -> float:
@@ -62,7 +70,7 @@ class AttributionRow:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> AttributionRow:
-        return cls(**{f.name: data.get(f.name) for f in fields(cls)})
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
 
 
 @dataclass
@@ -201,8 +209,11 @@ def attribute(a: ProfileSummary | Mapping[str, Any], b: ProfileSummary | Mapping
                   else "changed")
         row = AttributionRow(level, name_b or name_a, sa, sb, ca, cb, status,
                              (sb - sa) / change_s if change_s else None, own,
-                             name_a if name_a not in (None, name_b) else None)
-        if abs(row.delta_s) > max(noise, own) or (status != "changed" and abs(row.delta_s) > noise):
+                             name_a if name_a not in (None, name_b) else None,
+                             # both sides hold it: a row one side lacks may only be under its cut for small rows
+                             calls_changed=status == "changed" and abs(cb - ca) >= CALLS_CHANGED)
+        if (abs(row.delta_s) > max(noise, own) or (status != "changed" and abs(row.delta_s) > noise)
+                or row.calls_changed):
             levels[level].rows.append(row)
         else:
             levels[level].unlisted += 1
@@ -253,6 +264,8 @@ def _share(value: float | None) -> str:
 def _label(row: AttributionRow) -> str:
     tag = {"appeared": " (appeared)", "vanished": " (vanished)",
            "capped": " (at least: one side kept its top rows only)"}.get(row.status, "")
+    if row.calls_changed:
+        tag += f" (calls {row.a_calls:g} -> {row.b_calls:g} a step)"
     return f"{row.name}{tag}"
 
 

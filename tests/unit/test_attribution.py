@@ -131,6 +131,23 @@ def test_rows_under_the_noise_of_the_profiled_steps_are_not_listed():
     assert diff.levels["operator"].unlisted == 1
 
 
+def test_a_row_whose_calls_per_step_changed_is_listed_under_the_time_noise_and_said_so():
+    """Calls are counted, not timed: an extra clone of every parameter adds
+    158 exact calls a step even where its time drowns in the steps' noise,
+    and an unchanged count lists nothing more."""
+    noisy = [0.100, 0.120, 0.080, 0.110, 0.090, 0.100, 0.125, 0.075, 0.105, 0.095]
+    a = summary([("aten::mm", "cpu_op", 0.30, 10), ("aten::copy_", "cpu_op", 0.010, 20)], noisy)
+    b = summary([("aten::mm", "cpu_op", 0.31, 10), ("aten::copy_", "cpu_op", 0.012, 1600)], noisy[::-1])
+    diff = attribute(a, b, change_s=0.0005)
+    assert abs(diff.levels["operator"].rows[0].delta_s) < diff.noise_s  # its time alone would not list it
+    (row,) = diff.levels["operator"].rows
+    assert row.name == "aten::copy_" and row.calls_changed and (row.a_calls, row.b_calls) == (2, 160)
+    assert diff.top[0] is row and diff.levels["operator"].unlisted == 1  # aten::mm: same calls, time in the noise
+    assert "calls 2 -> 160 a step" in format_attribution(diff)
+    assert attribute(a, a).top == []
+    assert type(diff).from_dict(diff.to_dict()).top[0].calls_changed
+
+
 def _train(model, steps, fault=None):
     """Steps 4 on of ``model``, profiled in this process; their summary."""
     import torch
