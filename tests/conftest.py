@@ -23,10 +23,18 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sqlite3
 from pathlib import Path
 
 import pytest
+
+# The tests of hang-ups send SIGHUP and expect perfsuite's handling of it, and
+# perfsuite leaves a SIGHUP that is already ignored alone (`nohup perfsuite
+# run` is to outlive its terminal): a suite started under nohup (or by a CI
+# runner that ignores SIGHUP) would hand that on to every test and process.
+# The suite runs as from a terminal; the nohup test sets SIG_IGN itself.
+signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 HOME = pytest.StashKey[Path]()
 BEFORE = pytest.StashKey[dict]()
