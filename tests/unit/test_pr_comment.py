@@ -21,6 +21,7 @@ from perfsuite.cli.main import main as cli_main
 from perfsuite.report import pr_comment
 from perfsuite.report.error_rates import load_error_rates
 from perfsuite.report.markdown import summary_markdown
+from tests.unit.test_summary_markdown import rows
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 H100 = DATA / "h100-2026-11-26"
@@ -54,18 +55,6 @@ def cpu_session(condition: str, trial: int = 1) -> dict:
             "cells": [{"id": found["cell"], "verdict": found["verdict"], "ratio": found["ratio"],
                        "ci_low": found["ci_low"], "ci_high": found["ci_high"], "confidence": found["confidence"],
                        "mode": "resident", "reason": None, "checks": []}]}
-
-
-def rows(text: str, header_start: str) -> list[list[str]]:
-    """The rows of the table whose header starts so, split into their cells."""
-    lines = text.splitlines()
-    start = next(k for k, line in enumerate(lines) if line.startswith(f"| {header_start}"))
-    body = []
-    for line in lines[start + 2:]:
-        if not line.startswith("|"):
-            break
-        body.append([cell.strip() for cell in line.strip("|").replace("\\|", "\0").split("|")])
-    return body
 
 
 def repro_lines(text: str) -> list[str]:
