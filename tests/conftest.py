@@ -29,12 +29,15 @@ from pathlib import Path
 
 import pytest
 
-# The tests of hang-ups send SIGHUP and expect perfsuite's handling of it, and
-# perfsuite leaves a SIGHUP that is already ignored alone (`nohup perfsuite
-# run` is to outlive its terminal): a suite started under nohup (or by a CI
-# runner that ignores SIGHUP) would hand that on to every test and process.
-# The suite runs as from a terminal; the nohup test sets SIG_IGN itself.
+# The tests of Ctrl-C and hang-ups send SIGINT and SIGHUP and expect
+# perfsuite's handling of them, and perfsuite leaves a signal that is already
+# ignored alone (`nohup perfsuite run` is to outlive its terminal): a suite
+# started under nohup, or in the background of a script (SIGINT ignored), would
+# hand that on to every test and process. The suite runs as from a terminal;
+# the nohup test sets SIG_IGN itself.
 signal.signal(signal.SIGHUP, signal.SIG_DFL)
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 HOME = pytest.StashKey[Path]()
 BEFORE = pytest.StashKey[dict]()
