@@ -171,16 +171,14 @@ class Server:
             self.sock.send(data)
 
     def reap(self) -> None:
-        while self.agents:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
+        if not self.agents:
+            return
+        for pid, status in _reaped():
             if pid in self.agents:
                 self.agents.discard(pid)
                 self.send({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+            if not self.agents:
+                return
 
     def serve(self) -> None:
         while True:
@@ -289,26 +287,32 @@ def become_subreaper() -> bool:
     return prctl is not None and prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
 
 
-def _children() -> list[int]:
-    """This process's live children (zombies reaped here), from /proc."""
+def _reaped():
+    """(pid, wait status) of each of this process's children that has ended,
+    reaped as it is yielded, until none is left to reap."""
     while True:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
+            pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            break
+            return
         if pid == 0:
-            break
-    me, found = os.getpid(), []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
+            return
+        yield pid, status
+
+
+def _children() -> list[int]:
+    """This process's live children (zombies reaped here)."""
+    import psutil  # at the launch's end only: the agent's start imports nothing more
+
+    for _ in _reaped():
+        pass
+    found = []
+    for child in psutil.Process().children():
         try:
-            with open(f"/proc/{name}/stat", "rb") as stat:
-                fields = stat.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
+            if child.status() != psutil.STATUS_ZOMBIE:
+                found.append(child.pid)
+        except psutil.Error:  # ended meanwhile
             continue
-        if int(fields[1]) == me and fields[0] != b"Z":
-            found.append(int(name))
     return found
 
 
