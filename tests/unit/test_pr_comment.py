@@ -239,10 +239,16 @@ def test_a_gate_runs_repro_keeps_its_workload_options_and_repeats():
 
 
 # ---------------------------------------------------------------- commands
-def test_report_of_an_ab_folder_appends_its_comment(tmp_path, capsys):
+def h100_ab_folder(tmp_path: Path) -> Path:
+    """A finished A/B folder: the H100 session of the "2 %" fault."""
     folder = tmp_path / "ab"
     folder.mkdir()
     shutil.copy(H100 / "ab-slow2.json", folder / "ab.json")
+    return folder
+
+
+def test_report_of_an_ab_folder_appends_its_comment(tmp_path, capsys):
+    folder = h100_ab_folder(tmp_path)
     summary = tmp_path / "summary.md"
     summary.write_text("an earlier step's line\n")
     rates = error_rates_file(tmp_path)
@@ -258,9 +264,7 @@ def test_report_of_an_ab_folder_appends_its_comment(tmp_path, capsys):
 
 
 def test_report_refuses_a_bad_error_rates_file_before_writing(tmp_path, capsys):
-    folder = tmp_path / "ab"
-    folder.mkdir()
-    shutil.copy(H100 / "ab-slow2.json", folder / "ab.json")
+    folder = h100_ab_folder(tmp_path)
     bad = tmp_path / "rates.json"
     bad.write_text("{}")
     assert cli_main(["report", str(folder), "--summary-md", "-", "--error-rates", str(bad)]) == 2
