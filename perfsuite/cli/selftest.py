@@ -35,8 +35,10 @@ COMMANDS = {  # subcommand: (its one-line help, its old command)
     "launch-cost": ("where a launch's wall time goes (before training: start, imports and the "
                     "workload's set-up; training, counting, exit), ranks forked from a zygote "
                     "against fresh interpreters", None),
-    "attribution": ("whether `perfsuite diff` names an injected conv spin, all-reduce, parameter copy "
-                    "and slower Linear (and nothing in an unchanged pair), on profiled CPU launches", None),
+    "attribution": ("whether `perfsuite diff` names what side B changed (on a CPU cell an injected conv "
+                    "spin, all-reduce, parameter copy and slower Linear; on a CUDA cell a device-side "
+                    "slowdown and fp16 against fp32) and nothing in an unchanged pair, on profiled launches",
+                    None),
     "error-rates": ("perfsuite ab's error rates on this runner: A/A sessions (side B unchanged) and injected "
                     "ones per cell; false calls, the smallest detectable change, minutes per verdict", None),
 }
@@ -130,10 +132,14 @@ def _launch_cost_options(p: argparse.ArgumentParser) -> None:
 
 
 def _attribution_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--sessions", type=int, default=10, help="sessions per fault, each two profiled launches")
-    p.add_argument("--faults", default="conv-spin,allreduce,copy,slow-linear,unchanged", metavar="NAME[,NAME...]",
-                   help="the faults injected into side B, in this order")
-    p.add_argument("--cell", default="smoke/image/ddp/c2/fp32/px32/nopin/nchw", help="the cell launched")
+    p.add_argument("--sessions", type=int, default=10, help="sessions per change, each two profiled launches")
+    p.add_argument("--faults", metavar="NAME[,NAME...]",
+                   help="what side B changes, in this order: conv-spin, allreduce, copy, slow-linear (a CPU "
+                        "cell's default), gpu-sleep (device time after each optimizer step), precision (the "
+                        "cell at fp16) (a CUDA cell's default: gpu-sleep,precision,unchanged), unchanged")
+    p.add_argument("--cell", help="the cell launched (default: gate/image/ddp-ds/g1/fp32/px500/pin/nchw where "
+                                  "torch sees a GPU, else smoke/image/ddp/c2/fp32/px32/nopin/nchw)")
+    p.add_argument("--steps", type=int, help="steps a launch, warm-up included (default: the cell's)")
     p.add_argument("--out", type=Path, metavar="DIR", help="where the launches and attribution-selftest.json "
                                                            "go (default: a new temporary folder)")
     p.add_argument("--json", action="store_true", help="print only the figures, as JSON")
@@ -144,8 +150,9 @@ def cmd_attribution(args: argparse.Namespace) -> int:
     from perfsuite.selftest.attribution import figure_lines, measure_attribution
 
     try:
-        out = measure_attribution(args.sessions, tuple(f.strip() for f in args.faults.split(",") if f.strip()),
-                                  args.cell, args.out, log=(lambda line: None) if args.json else print)
+        faults = tuple(f.strip() for f in args.faults.split(",") if f.strip()) if args.faults is not None else None
+        out = measure_attribution(args.sessions, faults, args.cell, args.out,
+                                  log=(lambda line: None) if args.json else print, steps=args.steps)
     except (ValueError, KeyError, RuntimeError) as err:
         print(f"perfsuite selftest attribution: {str(err).strip(chr(39))}", file=sys.stderr)
         return EXIT_USAGE
@@ -158,6 +165,9 @@ def _error_rates_options(p: argparse.ArgumentParser) -> None:
                         "gate/image/ddp-ds/g1/fp32/px500/pin/nchw on one with)")
     p.add_argument("--sessions", type=int, metavar="N",
                    help="A/A sessions a cell, and as many injected ones (default: 40 a CPU cell, 10 a GPU cell)")
+    p.add_argument("--injected", type=int, metavar="N",
+                   help="injected sessions a cell, alternating with the A/A ones while both last "
+                        "(default: as many as --sessions)")
     p.add_argument("--fraction", type=float, default=0.05, metavar="F",
                    help="how much slower the injected sessions' side B is (default 0.05)")
     p.add_argument("--fault-kind", choices=("auto", *options.AB_FAULT_KINDS), default="auto",
@@ -199,7 +209,8 @@ def cmd_error_rates(args: argparse.Namespace) -> int:
                 atomic_write_json(args.out / rates.FILE, out)
                 log(f"error-rates.json: {args.out / rates.FILE}")
         else:
-            out = rates.measure_error_rates(args.cell, args.sessions, args.fraction, args.out, resume=args.resume,
+            out = rates.measure_error_rates(args.cell, args.sessions, args.fraction, args.out,
+                                            injected=args.injected, resume=args.resume,
                                             tolerance=args.tolerance, steps=args.steps,
                                             max_launches=args.max_launches, mode=args.mode,
                                             resident={"window_steps": args.window_steps, "quads": args.quads,

@@ -287,9 +287,13 @@ def format_attribution(diff: Attribution, top: int = 3, indent: str = "  ") -> s
 def markdown_attribution(diff: Attribution, top: int = 10) -> str:
     """A markdown table of the largest rows of every level, and the explained shares."""
     lines = [f"Measured change {_ms(diff.change_s)}; profiled steps {diff.a_step_s * 1e3:.2f} ms → "
-             f"{diff.b_step_s * 1e3:.2f} ms, noise {diff.noise_s * 1e3:.2f} ms a step.", "",
-             "| level | row | A ms/step | B ms/step | change | share | calls/step A → B |",
-             "|---|---|---:|---:|---:|---:|---|"]
+             f"{diff.b_step_s * 1e3:.2f} ms, noise {diff.noise_s * 1e3:.2f} ms a step.", ""]
+    if not diff.top:  # a sentence, not a table with a header and no rows
+        lines.append("No row changed by more than the noise: no module, operator, kernel, collective or copy "
+                     "the profile names holds the change.")
+    else:
+        lines += ["| level | row | A ms/step | B ms/step | change | share | calls/step A → B |",
+                  "|---|---|---:|---:|---:|---:|---|"]
     for row in diff.top[:top]:
         name = _label(row).replace("|", "\\|")
         lines.append(f"| {row.level} | `{name}` | {row.a_s * 1e3:.3f} | {row.b_s * 1e3:.3f} | {_ms(row.delta_s)} "

@@ -123,8 +123,10 @@ def attribution_block(data: Mapping[str, Any], top: int = TOP_ROWS) -> str:
             return attr.markdown_attribution(from_dict(data), top=top)
         except (AttributeError, KeyError, TypeError, ValueError):
             pass  # a record of another version: its rows below
-    lines = [f"Measured change {_ms(data.get('change_s'))} a step, noise {_ms(data.get('noise_s'))}.", "",
-             "| level | row | A ms/step | B ms/step | change | share |", "|---|---|---:|---:|---:|---:|"]
+    lines = [f"Measured change {_ms(data.get('change_s'))} a step, noise {_ms(data.get('noise_s'))}.", ""]
+    if not attribution_rows(data):
+        return "\n".join([*lines, "No row changed by more than the noise."])
+    lines += ["| level | row | A ms/step | B ms/step | change | share |", "|---|---|---:|---:|---:|---:|"]
     for row in attribution_rows(data)[:top]:
         a_s, b_s = _number(row.get("a_s")), _number(row.get("b_s"))
         lines.append(f"| {text(row.get('level'))} | `{text(row.get('name'))}` | "

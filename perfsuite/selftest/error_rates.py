@@ -90,7 +90,7 @@ def cell_figures(sessions: list[Mapping[str, Any]], fraction: float) -> dict[str
 
 
 def document(host: dict[str, Any], settings: dict[str, Any], sessions: list[dict[str, Any]],
-                planned: dict[str, int] | None = None) -> dict[str, Any]:
+                planned: dict[str, dict[str, int]] | None = None) -> dict[str, Any]:
     """error-rates.json: the figures per cell, and every session they come from."""
     by_cell = {cell: [s for s in sessions if s["cell"] == cell] for cell in settings["cells"]}
     confidence = {cell: statistics.median(c) for cell, done in by_cell.items()
@@ -139,22 +139,28 @@ def _ended(judged: dict[str, Any], cell: str, folder: Path, path: Path) -> None:
 
 def measure_error_rates(cell_ids: list[str] | None = None, sessions: int | None = None,
                         fraction: float = DEFAULT_FRACTION, out_dir: Path | None = None, *,
-                        resume: bool = False, tolerance: float = AB_TOLERANCE, steps: int = 40,
+                        injected: int | None = None, resume: bool = False, tolerance: float = AB_TOLERANCE, steps: int = 40,
                         max_launches: int = 12, mode: str = "auto", resident: dict[str, int] | None = None,
                         fault_kind: str = "auto",
                         log: Callable[[str], None] = lambda line: print(line, flush=True)) -> dict[str, Any]:
-    """A/A and injected sessions per cell until ``sessions`` of each are done
-    (counting those a stopped run left in ``out_dir`` when ``resume``)."""
+    """A/A and injected sessions per cell, alternating, until ``sessions`` A/A
+    and ``injected`` (default: as many) injected ones are done (counting those
+    a stopped run left in ``out_dir`` when ``resume``)."""
     from perfsuite.hardware import fingerprint  # torch: the command's alone
 
     if not 0 < fraction < 1:
         raise ValueError(f"--fraction {fraction}: give a fraction between 0 and 1 (0.05 = 5 %)")
     if sessions is not None and sessions < 1:
         raise ValueError(f"--sessions {sessions}: give 1 or more")
+    if injected is not None and injected < 0:
+        raise ValueError(f"--injected {injected}: give 0 or more")
     chosen = [cells.get(c).replace(max_steps=steps) for c in (cell_ids or default_cells())]
     kinds = {c.id: fault_kind_for(c, fault_kind) for c in chosen}
     faults = {c.id: ab_fault(kinds[c.id], c, fraction) for c in chosen}  # refused before any launch
-    planned = {c.id: sessions or DEFAULT_SESSIONS["cuda" if c.device == "cuda" else "cpu"] for c in chosen}
+    planned = {}
+    for c in chosen:
+        n = sessions or DEFAULT_SESSIONS["cuda" if c.device == "cuda" else "cpu"]
+        planned[c.id] = {"aa": n, "injected": n if injected is None else injected}
     settings = {"cells": [c.id for c in chosen], "fraction": fraction, "tolerance": tolerance, "steps": steps,
                 "max_launches": max_launches, "mode": mode, "fault_kinds": kinds, "resident": dict(resident or {})}
     work = Path(out_dir or DEFAULT_OUT)
@@ -166,9 +172,10 @@ def measure_error_rates(cell_ids: list[str] | None = None, sessions: int | None 
         log(f"going on from {len(done)} session(s) in {path}")
     finished = {(s["cell"], s["kind"], s["index"]) for s in done}
     for cell in chosen:
-        for index in range(planned[cell.id]):
+        wanted = planned[cell.id]
+        for index in range(max(wanted.values())):
             for kind in KINDS if index % 2 == 0 else KINDS[::-1]:  # neither always first
-                if (cell.id, kind, index) in finished:
+                if index >= wanted[kind] or (cell.id, kind, index) in finished:
                     continue
                 folder = work / cell.id.replace("/", "-") / f"{kind}{index}"
                 shutil.rmtree(folder, ignore_errors=True)  # a stopped session's launches
@@ -178,7 +185,7 @@ def measure_error_rates(cell_ids: list[str] | None = None, sessions: int | None 
                 _ended(judged, cell.id, folder, path)
                 done.append({"cell": cell.id, "kind": kind, "index": index, **judged})
                 log(f"{cell.id} {'A/A' if kind == 'aa' else f'{fraction:.0%} slower'} session "
-                    f"{index + 1}/{planned[cell.id]} -> {session_line(judged)}")
+                    f"{index + 1}/{wanted[kind]} -> {session_line(judged)}")
                 atomic_write_json(path, document(host, settings, done, planned))  # --resume goes on from here
     out = document(host, settings, done, planned)
     atomic_write_json(path, out)
@@ -260,8 +267,10 @@ def figure_lines(out: Mapping[str, Any]) -> list[str]:
         n, injected = c["sessions"], c["injected"]
         confidence = (out.get("confidence") or {}).get(cell_id)
         spread = c["detectable_spread"]
-        planned = (out.get("planned") or {}).get(cell_id)
-        lines.append(f"{cell_id}: {n} A/A sessions" + (f" of {planned} planned" if planned and planned > n else ""))
+        planned = (out.get("planned") or {}).get(cell_id) or {}
+        planned_aa = planned.get("aa") if isinstance(planned, dict) else planned  # an int in older files
+        lines.append(f"{cell_id}: {n} A/A sessions"
+                     + (f" of {planned_aa} planned" if planned_aa and planned_aa > n else ""))
         figures = [("false calls (A/A called regressed or improved)", f"{c['false_calls']}/{n}"),
                    ("A/A called same", f"{c['same']}/{n}"),
                    (f"{injected['fraction']:.0%} slower B called regressed",

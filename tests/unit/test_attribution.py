@@ -48,6 +48,9 @@ def test_a_profile_diffed_with_itself_lists_no_row():
     diff = attribute(a, a)
     assert diff.change_s == 0 and diff.top == []
     assert "no row changed by more than the noise" in format_attribution(diff)
+    text = markdown_attribution(diff)
+    assert "| level |" not in text  # a sentence, not a table with no rows
+    assert "No row changed by more than the noise" in text
 
 
 @pytest.mark.parametrize(("a_name", "b_name"), [

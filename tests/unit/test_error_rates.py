@@ -150,6 +150,29 @@ def test_resume_goes_on_from_the_sessions_a_stopped_run_left(tmp_path, monkeypat
         measured(tmp_path, sessions=3, resume=True)
 
 
+def test_fewer_injected_sessions_alternate_while_they_last_and_a_resume_may_ask_for_them(tmp_path, monkeypatch):
+    fake_launches(monkeypatch)
+    real, started = rates.run_ab_session, []
+
+    def counted(cell, folder, *args, **kwargs):
+        started.append(folder.name)
+        return real(cell, folder, *args, **kwargs)
+
+    monkeypatch.setattr(rates, "run_ab_session", counted)
+    lines = []
+    out = measured(tmp_path, sessions=3, injected=1, log=lines.append)
+    assert started == ["aa0", "injected0", "aa1", "aa2"]
+    assert out["cells"][SMOKE]["sessions"] == 3 and out["cells"][SMOKE]["injected"]["sessions"] == 1
+    assert out["planned"] == {SMOKE: {"aa": 3, "injected": 1}}
+    assert lines[1].startswith(f"{SMOKE} 10% slower session 1/1 -> ") and f"{SMOKE} A/A session 3/3 -> " in lines[3]
+    assert rates.figure_lines(out)[1] == f"{SMOKE}: 3 A/A sessions"
+    started.clear()
+    out = measured(tmp_path, sessions=3, injected=2, resume=True)  # the counts are no setting: more may follow
+    assert started == ["injected1"] and out["cells"][SMOKE]["injected"]["sessions"] == 2
+    with pytest.raises(ValueError, match="--injected -1: give 0 or more"):
+        measured(tmp_path / "other", injected=-1)
+
+
 def test_a_session_stopped_by_ctrl_c_is_no_session_counted(tmp_path, monkeypatch):
     """ab ends a Ctrl-C'd session in order (ab.json says interrupted); the
     benchmarks' session raises it on, rather than count its verdict."""

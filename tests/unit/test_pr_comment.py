@@ -180,6 +180,20 @@ def test_a_cell_with_attribution_shows_its_top_rows_in_the_table_and_folded_belo
     assert row[5] == "not attributed: torch.profiler failed on side B"
 
 
+def test_an_attribution_with_no_row_above_the_noise_is_a_sentence_not_an_empty_table():
+    data = h100("ab-slow2.json")
+    empty = attribution()
+    empty["levels"] = {name: {**level, "rows": []} for name, level in empty["levels"].items()}
+    empty["top"] = []
+    older = {"change_s": 0.004, "noise_s": 0.0005, "rows": []}  # a record of another version: no levels
+    for found in (empty, older):
+        data["cells"][0]["attribution"] = found
+        text = pr_comment.ab_comment(data)
+        assert rows(text, HEADER)[0][5] == "no row above the noise"
+        folded = text.split("where the step-time change went</summary>", 1)[1].split("</details>", 1)[0]
+        assert "No row changed by more than the noise" in folded and "| level |" not in folded
+
+
 def error_rates_file(tmp_path: Path) -> Path:
     path = tmp_path / "error-rates.json"
     path.write_text(json.dumps({"schema": "perfsuite.error-rates/1", "host": {"gpu": "NVIDIA H100 80GB HBM3"},
