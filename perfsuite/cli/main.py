@@ -207,7 +207,8 @@ def _json_exit(code: int, error: str | None) -> None:
 def _check_environment(args: argparse.Namespace) -> None:
     """Every PERFSUITE_* variable takes its value, and the store named takes
     its name, before anything is launched or stored; a variable perfsuite
-    does not read is said (a typo). perfsuite doctor reports them instead."""
+    does not read is said (a typo). perfsuite doctor reports them instead (its
+    env check) and runs on."""
     import os
 
     from perfsuite.system import envvars

@@ -409,11 +409,25 @@ def check_launch(torch: dict[str, Any], tier: str | None) -> Check:
                  detail="\n".join(detail))
 
 
+def check_environment(environ: dict[str, str] | os._Environ) -> Check:
+    """Every PERFSUITE_* variable takes its value (else every other command
+    refuses to start, exit 2), and none set is one perfsuite does not read."""
+    from perfsuite.system import envvars
+
+    bad, unknown = envvars.problems(environ), envvars.strangers(environ)
+    if not bad and not unknown:
+        n = sum(name in envvars.by_name() for name in environ)
+        return Check("env", OK, f"{n} PERFSUITE_* variable(s) set, each to a value it takes" if n
+                     else "no PERFSUITE_* variable set")
+    return Check("env", BLOCKER if bad else WARN, "; ".join(bad + unknown),
+                 f"set or unset them as {envvars.PAGE} says")
+
+
 def run_checks(tier: str | None = None, data_dir: Path | None = None) -> list[Check]:
     cells = _tier_cells(tier)
     torch, nvml = doctor_facts.torch_facts(), doctor_facts.nvml_facts()
     gpu_tier = tier in GPU_TIERS
-    return [check_torch(torch, gpu_tier, doctor_facts.supported_versions()),
+    return [check_environment(os.environ), check_torch(torch, gpu_tier, doctor_facts.supported_versions()),
             check_gpus(torch, nvml, tier, cells), check_driver(torch, nvml, gpu_tier),
             check_nccl(torch, gpu_tier), check_nsys(tier), check_shm(tier, cells, torch.get("count") or 0),
             check_disk(tier, cells),

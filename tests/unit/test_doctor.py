@@ -327,7 +327,7 @@ def test_json_output(machine, capsys):
     data = json.loads(out)
     assert code == 0 and data["ok"] is True and data["tier"] == "gate"
     assert data["blockers"] == 0 and data["warnings"] == 1
-    assert [c["name"] for c in data["checks"]] == ["torch", "gpus", "driver", "nccl", "nsys", "shm",
+    assert [c["name"] for c in data["checks"]] == ["env", "torch", "gpus", "driver", "nccl", "nsys", "shm",
                                                    "disk", "mnist", "extras", "history", "launch"]
     assert all(c["status"] in doctor.STATUSES for c in data["checks"])
 
@@ -460,3 +460,23 @@ def test_a_usable_history_store_is_ok_and_not_created(machine, tmp_path, monkeyp
     check = by_name(doctor.run_checks(tier="smoke"))["history"]
     assert check.status == doctor.OK and str(tmp_path / "new" / "h.sqlite") in check.message
     assert not (tmp_path / "new").exists()
+
+
+def test_a_perfsuite_variable_with_a_value_it_does_not_take_is_a_blocker_and_a_typo_a_warning(
+        machine, monkeypatch, capsys):
+    """Every other command refuses to start on such a value (exit 2); the
+    doctor runs anyway and says which, so one command finds every problem."""
+    check = by_name(doctor.run_checks(tier="smoke"))["env"]
+    assert check.status == doctor.OK
+    monkeypatch.setenv("PERFSUITE_FORK_AGENT", "maybe")
+    monkeypatch.setenv("PERFSUITE_FORK_AGNT", "0")
+    check = by_name(doctor.run_checks(tier="smoke"))["env"]
+    assert check.status == doctor.BLOCKER
+    assert "$PERFSUITE_FORK_AGENT is 'maybe'" in check.message and "it takes 0, 1" in check.message
+    assert "did you mean PERFSUITE_FORK_AGENT?" in check.message
+    assert "docs/reference/environment.md" in check.fix
+    code, out = doctor_cli(capsys, "--tier", "smoke")
+    assert code == 1 and "BLOCKER  env" in out
+    monkeypatch.delenv("PERFSUITE_FORK_AGENT")
+    check = by_name(doctor.run_checks(tier="smoke"))["env"]
+    assert check.status == doctor.WARN and "did you mean PERFSUITE_FORK_AGENT?" in check.message

@@ -33,14 +33,14 @@ def dry_run(*parts: str) -> dict[str, list[list[str]]]:
     return commands
 
 
-def test_the_parts_run_in_order_doctor_gate_ab_llm_profile():
-    assert list(dry_run()) == ["doctor", "gate", "ab", "llm", "profile"]
+def test_the_parts_run_in_order_doctor_gate_ab_llm_profile_attribution_rates():
+    assert list(dry_run()) == ["doctor", "gate", "ab", "llm", "profile", "attribution", "rates"]
     assert list(dry_run("ab", "doctor")) == ["ab", "doctor"]
 
 
 def test_an_unknown_part_is_refused_naming_the_parts():
     done = subprocess.run(["bash", str(SCRIPT), "gpu"], capture_output=True, text=True)
-    assert done.returncode == 2 and "doctor gate ab llm profile" in done.stderr
+    assert done.returncode == 2 and "doctor gate ab llm profile attribution rates" in done.stderr
 
 
 def test_every_cell_it_names_is_a_one_gpu_gate_cell_and_the_ab_cells_are_the_three_asked_for():
@@ -51,6 +51,21 @@ def test_every_cell_it_names_is_a_one_gpu_gate_cell_and_the_ab_cells_are_the_thr
     ab = [gate[argv[argv.index("--cell") + 1]] for argv in dry_run("ab")["ab"]]
     assert {(c.precision, c.pin_memory, c.image_size) for c in ab} == {
         ("fp64", False, 500), ("fp32", False, 500), ("fp32", True, 500)}
+
+
+def test_the_gpu_halves_of_attribution_and_error_rates_run_on_the_quiet_cell_with_device_side_changes():
+    parser = build_parser()
+    (attribution,) = dry_run("attribution")["attribution"]
+    args = parser.parse_args(attribution[3:])
+    assert args.cell == "gate/image/ddp-ds/g1/fp32/px500/pin/nchw" and args.steps == 20
+    assert args.faults.split(",") == ["gpu-sleep", "precision", "unchanged"] and args.sessions == 3
+    (rates,) = dry_run("rates")["rates"]
+    args = parser.parse_args(rates[3:])
+    assert (args.cell, args.sessions, args.injected, args.fraction) == (
+        ["gate/image/ddp-ds/g1/fp32/px500/pin/nchw"], 10, 2, 0.02)
+    assert args.resume and args.fault_kind == "auto"  # gpu-sleep on a CUDA cell
+    (ab, *_) = dry_run("ab")["ab"]
+    assert args.quads == parser.parse_args(ab[3:]).quads  # the A/B part's windows
 
 
 def test_its_perfsuite_commands_parse():
