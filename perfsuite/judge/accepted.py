@@ -215,10 +215,12 @@ def judged(entry: Accepted, ratio: float, low: float | None, high: float | None)
             "since": entry.since, "file": entry.file, "entry": entry.index, "line": line}
 
 
-def accept_verdict(verdict: Any, entries: list[Accepted] | None = None) -> Any:
+def accept_verdict(verdict: Any, entries: list[Accepted] | None = None, baseline_commit: str | None = None) -> Any:
     """A regressed check (a ``checks.Verdict`` against a baseline) judged again
     against the baseline times the accepted ratio: a pass saying so, or the
-    regression saying it is beyond the accepted one."""
+    regression saying it is beyond the accepted one. A baseline recorded at
+    ``baseline_commit`` that already holds an entry's change is judged as it
+    is, saying why the entry accepts nothing there."""
     if verdict.verdict != "regressed" or verdict.ratio is None:
         return verdict
     try:
@@ -226,8 +228,17 @@ def accept_verdict(verdict: Any, entries: list[Accepted] | None = None) -> Any:
     except AcceptError as err:
         return replace(verdict, message=f"{verdict.message}; accepted regressions not read: {err}")
     # an LLM cell's step-time check judges time_per_token: a step_time entry covers it too
-    entry = applying(entries, verdict.cell, verdict.metric) or applying(entries, verdict.cell, verdict.name)
+    entry = (applying(entries, verdict.cell, verdict.metric, baseline_commit)
+             or applying(entries, verdict.cell, verdict.name, baseline_commit))
     if entry is None:
+        held = [e for e in entries if (e.matches(verdict.cell, verdict.metric) or e.matches(verdict.cell, verdict.name))
+                and held_by(e, baseline_commit)]
+        if held:
+            return replace(verdict, message=f"{verdict.message}; not accepted: the baseline was recorded at "
+                                            f"{baseline_commit[:12]}, which holds the accepted change "
+                                            f"({held[-1].change()}, since {held[-1].since}, {held[-1].where()}): "
+                                            "this is a further change (remove the entry once every baseline "
+                                            "holds it)")
         return verdict
     said = judged(entry, verdict.ratio, verdict.ci_low, verdict.ci_high)
     if not said["within"]:

@@ -158,7 +158,8 @@ class StepTimeNotRegressed:
             expected = exp.value
         # a regression accepted on purpose: judged against the baseline times its ratio
         return accept_verdict(_from_comparison(self.name, self.metric, data.get("unit", "s"), cmp,
-                                               summary(observed)["median"], expected, exp, cell))
+                                               summary(observed)["median"], expected, exp, cell),
+                              baseline_commit=exp.commit or None)
 
 
 class PeakMemoryNotRegressed:

@@ -125,6 +125,7 @@ class Expectation:
     reason: str = ""
     # the recorded cell's profile summary (profiles.json), for the diff of a step-time verdict
     profile: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
+    commit: str = ""  # the commit a recorded row was measured at ("": a paper's, or not said)
 
     @property
     def available(self) -> bool:
@@ -163,7 +164,8 @@ def _from_rows(rows: pd.DataFrame, bset: BaselineSet, metric: str, reference: st
         bset.launch_statistic, bset.launch_spread.get(bset.launch_statistic), reference,
         "; ".join(dict.fromkeys(r["source"] for r in records)),
         bset.path.name, tuple(r["id"] for r in records),
-        profile=(bset.profiles.get(first.get("cell") or "") or {}).get("summary"))
+        profile=(bset.profiles.get(first.get("cell") or "") or {}).get("summary"),
+        commit=str(first.get("commit") or "") if first.get("samples_key") else "")
 
 
 def _candidates(bset: BaselineSet, params: Mapping[str, Any], metric: str,

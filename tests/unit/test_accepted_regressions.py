@@ -164,10 +164,10 @@ def _launches(level, n=6, seed=0):
             for _ in range(n)]
 
 
-def _gate_check(cell_id, slowdown):
+def _gate_check(cell_id, slowdown, commit=""):
     base = _launches(0.1, seed=1)
     expectation = Expectation("step_time", tolerance=0.05, samples=tuple(x for run in base for x in run),
-                              launches=tuple(map(tuple, base)), source="recorded baseline")
+                              launches=tuple(map(tuple, base)), source="recorded baseline", commit=commit)
     new = _launches(0.1 * slowdown, seed=2)
     result = {"id": cell_id, "status": "ok",
               "metrics": {"step_time": {"samples": [x for run in new for x in run], "launches": new, "unit": "s"}}}
@@ -186,6 +186,32 @@ def test_the_gate_judges_an_accepted_step_time_against_the_baseline_times_its_ra
     beyond = _gate_check("gate/x", 1.20)
     assert beyond.verdict == "regressed" and "beyond the accepted +8 %" in beyond.message
     assert _gate_check("smoke/y", 1.08).verdict == "regressed"  # another cell: not accepted
+
+
+def git_repo(path):
+    """A repository with the accepted change's commit and a later one: (accepted, later)."""
+    path.mkdir()
+    git = ["git", "-C", str(path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    commits = []
+    for message in ("the change", "later"):
+        subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", message], check=True)
+        commits.append(subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip())
+    return commits
+
+
+def test_a_baseline_recorded_after_the_accepted_commit_holds_the_change_and_the_entry_accepts_nothing(
+        tmp_path, monkeypatch):
+    """Re-recorded baselines already hold the accepted slowdown: accepting it
+    again on top would let a second one of the same size pass unseen."""
+    accepted_at, later = git_repo(tmp_path / "repo")
+    accept_file(tmp_path / "repo", monkeypatch, entry("gate/*", 1.08, since=accepted_at[:10]))
+    check = _gate_check("gate/x", 1.08, commit=later)  # recorded at a commit that has the change
+    assert check.verdict == "regressed"
+    assert f"the baseline was recorded at {later[:12]}, which holds the accepted change" in check.message
+    assert "perfsuite-accept.toml entry 1" in check.message
+    assert _gate_check("gate/x", 1.08, commit="0123456789ab").verdict == "pass"  # a commit git does not know
+    assert _gate_check("gate/x", 1.08).verdict == "pass"  # a baseline that names no commit (a paper's)
 
 
 # ------------------------------------------------------------------- history
