@@ -73,6 +73,17 @@ def session_detectable(session: Mapping[str, Any]) -> float | None:
     return detectable_change(session.get("ci_low"), session.get("ci_high"))
 
 
+def false_call_bound(false_calls: int, sessions: int, confidence: float = 0.95) -> float:
+    """The most the false-call rate can be, one-sided at ``confidence``, after
+    ``false_calls`` in ``sessions`` A/A sessions (Clopper-Pearson; with none,
+    ``1 - (1 - confidence) ** (1 / sessions)``)."""
+    from scipy.stats import beta
+
+    if false_calls >= sessions:
+        return 1.0
+    return float(beta.ppf(confidence, false_calls + 1, sessions - false_calls))
+
+
 def cell_figures(sessions: list[Mapping[str, Any]], fraction: float) -> dict[str, Any]:
     """One cell's figures from its sessions (each with ``kind``: aa or injected)."""
     aa = [s for s in sessions if s["kind"] == "aa"]
@@ -271,7 +282,8 @@ def figure_lines(out: Mapping[str, Any]) -> list[str]:
         planned_aa = planned.get("aa") if isinstance(planned, dict) else planned  # an int in older files
         lines.append(f"{cell_id}: {n} A/A sessions"
                      + (f" of {planned_aa} planned" if planned_aa and planned_aa > n else ""))
-        figures = [("false calls (A/A called regressed or improved)", f"{c['false_calls']}/{n}"),
+        bound = f" (so the rate is below {false_call_bound(c['false_calls'], n):.1%} at 95% confidence)" if n else ""
+        figures = [("false calls (A/A called regressed or improved)", f"{c['false_calls']}/{n}{bound}"),
                    ("A/A called same", f"{c['same']}/{n}"),
                    (f"{injected['fraction']:.0%} slower B called regressed",
                     f"{injected['regressed']}/{injected['sessions']}")]

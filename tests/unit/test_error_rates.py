@@ -196,13 +196,21 @@ def test_the_command_prints_and_writes_the_figures_of_a_stored_record(tmp_path, 
     words = said[said.index("perfsuite ab's error rates on"):]  # after the JSON
     figures = dict(line.split(":", 1) for line in words.splitlines() if line.startswith("  "))
     assert {label.strip(): value.strip() for label, value in figures.items()} == {
-        "false calls (A/A called regressed or improved)": "0/20", "A/A called same": "16/20",
+        "false calls (A/A called regressed or improved)": "0/20 (so the rate is below 13.9% at 95% confidence)",
+        "A/A called same": "16/20",
         "5% slower B called regressed": "20/20",
         "smallest detectable change at 98.3% confidence": "0.81% (median; 0.27%-3.93%)",
         "minutes per verdict (median session)": "2.4"}
     assert "perfsuite ab's error rates on AMD EPYC, 2 cores, torch 2.14.0+cu130, judged at ±2%" in said
     loaded = table.load_error_rates(tmp_path / "error-rates.json")
     assert loaded["cells"][SMOKE]["same"] == 16 and loaded["settings"]["from_detection"] == str(QUIET)
+
+
+@pytest.mark.parametrize(("false_calls", "n", "bound"), [(0, 40, "7.2%"), (1, 40, "11.3%"), (2, 40, "14.9%"),
+                                                          (0, 10, "25.9%")])
+def test_the_false_call_rates_bound_is_clopper_pearsons_one_sided_upper_limit(false_calls, n, bound):
+    """With none in n the bound is 1 - 0.05^(1/n) (7.2 % after 40, as the explanation page derives)."""
+    assert rates.false_call_bound(false_calls, n) == pytest.approx(float(bound[:-1]) / 100, abs=5e-4)
 
 
 def test_the_report_and_the_job_summary_show_the_error_rates_table(tmp_path):
