@@ -9,7 +9,11 @@ import hashlib
 import json
 from pathlib import Path
 
+import pytest
+
+from perfsuite.ab.session import DECIDED, MIN_PAIRS, pair_look_confidence
 from perfsuite.selftest import error_rates as rates
+from perfsuite.stats.windows import compare_windows
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = ROOT / "tests" / "data" / "cpu-2026-11-28" / "error-rates"
@@ -48,3 +52,28 @@ def test_the_figures_printed_are_those_the_readmes_state():
               f"{100 * f['detectable']:.2f} % (median; {100 * low:.2f}-{100 * high:.2f} %)")
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert stated in readme
+
+
+def test_every_session_judged_again_by_abs_looks_gives_its_verdict():
+    """sessions.json keeps each launch pair's ABBA quad log-ratios: a look after
+    every pair from the second, at the looks' confidence, stops at the first
+    decided one, as ab did, and gives the verdict and interval recorded."""
+    compact = json.loads((HERE / "sessions.json").read_text())
+    settings = compact["settings"]
+    confidence = pair_look_confidence(settings["resident"]["max_pairs"])
+    kept = {(s["kind"], s["index"]): s for s in record()["per_session"]}
+    assert {(s["kind"], s["index"]) for s in compact["sessions"]} == set(kept)
+    for session in compact["sessions"]:
+        quads = [p["quad_log_ratios"] for p in session["pairs"]]
+        firsts = [p["first"] for p in session["pairs"]]
+        where = (session["kind"], session["index"])
+        assert firsts == ["A", "B", "A", "B"][:len(quads)] and all(len(q) == 16 for q in quads), where
+        assert (session["fault"] is None) == (session["kind"] == "aa"), where
+        looks = [compare_windows(quads[:k], settings["tolerance"], confidence, min_pairs=MIN_PAIRS,
+                                 firsts=firsts[:k]) for k in range(MIN_PAIRS, len(quads) + 1)]
+        assert all(look.verdict not in DECIDED for look in looks[:-1]), where
+        last = looks[-1]
+        assert last.verdict == session["verdict"] == kept[where]["verdict"], where
+        assert last.verdict in DECIDED or len(quads) == settings["resident"]["max_pairs"], where
+        assert (last.ratio, last.ci_low, last.ci_high) == pytest.approx(
+            (session["ratio"], session["ci_low"], session["ci_high"]), rel=1e-9), where
