@@ -38,6 +38,7 @@ from perfsuite.history.schema import resolve_url, shown_url
 from perfsuite.history.store import check_store_usable
 from perfsuite.launch.starting import start_here
 from perfsuite.runner import CACHE_FIX, cache_problem
+from perfsuite.system import envvars
 
 GPU_TIERS = ("gate", "full")
 SHM_MIN_BYTES = 1 << 30  # Docker's default /dev/shm is 64 MB
@@ -410,17 +411,12 @@ def check_launch(torch: dict[str, Any], tier: str | None) -> Check:
 
 
 def check_environment(environ: dict[str, str] | os._Environ) -> Check:
-    """Every PERFSUITE_* variable takes its value (else every other command
-    refuses to start, exit 2), and none set is one perfsuite does not read."""
-    from perfsuite.system import envvars
-
+    """Each PERFSUITE_* variable set takes its value (else other commands exit 2) and is one perfsuite reads."""
     bad, unknown = envvars.problems(environ), envvars.strangers(environ)
-    if not bad and not unknown:
-        n = sum(name in envvars.by_name() for name in environ)
-        return Check("env", OK, f"{n} PERFSUITE_* variable(s) set, each to a value it takes" if n
-                     else "no PERFSUITE_* variable set")
-    return Check("env", BLOCKER if bad else WARN, "; ".join(bad + unknown),
-                 f"set or unset them as {envvars.PAGE} says")
+    if bad or unknown:
+        return Check("env", BLOCKER if bad else WARN, "; ".join(bad + unknown), f"set or unset them as {envvars.PAGE} says")
+    n = sum(name in envvars.by_name() for name in environ)
+    return Check("env", OK, f"{n} PERFSUITE_* variable(s) set, each to a value it takes" if n else "no PERFSUITE_* set")
 
 
 def run_checks(tier: str | None = None, data_dir: Path | None = None) -> list[Check]:
