@@ -20,6 +20,7 @@ entry's commit.
 from __future__ import annotations
 
 import errno
+import functools
 import math
 import os
 import re
@@ -175,6 +176,7 @@ def load(cwd: Path | str | None = None) -> list[Accepted]:
     return _cache[key]
 
 
+@functools.lru_cache(maxsize=256)  # a gate asks once a check; git's answer holds for the run
 def held_by(entry: Accepted, commit: str | None) -> bool:
     """Whether ``commit`` already holds the accepted change (the entry's commit
     or a descendant of it, by git in the accept file's repository): then the

@@ -68,10 +68,9 @@ def _json(path: Path) -> Any:
         return None
 
 
-def parts(folder: Path) -> dict[str, dict[str, Any]]:
+def parts(text: str) -> dict[str, dict[str, Any]]:
     """summary.txt's rows: part -> exit code (or "not-run") and wall seconds."""
     out: dict[str, dict[str, Any]] = {}
-    text = (folder / "summary.txt").read_text() if (folder / "summary.txt").is_file() else ""
     rows = text.split("part rc wall_s\n", 1)[1].splitlines() if "part rc wall_s\n" in text else []
     for row in rows:
         words = row.split()
@@ -94,8 +93,8 @@ def gate(folder: Path) -> dict[str, Any] | None:
             "not_run": sorted(c["id"] for c in cells if c.get("needs_gpus")),
             "step_time": dict(Counter(("recorded" if k.get("recorded") else k["verdict"]) for k in step)),
             "unjudged": {c["id"]: lines for c in ran if (lines := unjudged(c))},
-            "failed": {c["id"]: [f"{k['name']}: {k.get('message')}" for k in failures(c)] for c in ran
-                       if failures(c)}}
+            "failed": {c["id"]: [f"{k['name']}: {k.get('message')}" for k in failed] for c in ran
+                       if (failed := failures(c))}}
 
 
 def ab(folder: Path) -> dict[str, Any]:
@@ -124,11 +123,11 @@ def results_of(folder: Path) -> list[dict[str, Any]]:
 def summarize(folder: Path) -> dict[str, Any]:
     """Every part's figures from an acceptance run's folder (verified first)."""
     checked = verify(folder)
-    header = (folder / "summary.txt").read_text().split("part rc wall_s", 1)[0].strip().splitlines() \
-        if (folder / "summary.txt").is_file() else []
+    text = (folder / "summary.txt").read_text() if (folder / "summary.txt").is_file() else ""
+    header = text.split("part rc wall_s", 1)[0].strip().splitlines()
     attribution = _json(folder / "attribution" / "attribution-selftest.json")
     rates = _json(folder / "rates" / "error-rates.json")
-    return {"files_checked": checked, "machine": header, "parts": parts(folder), "gate": gate(folder / "gate"),
+    return {"files_checked": checked, "machine": header, "parts": parts(text), "gate": gate(folder / "gate"),
             "ab": ab(folder), "llm": results_of(folder / "llm"), "profile": results_of(folder / "profile"),
             "attribution": attribution and {k: attribution.get(k) for k in
                                             ("cell", "steps", "sessions", "figures", "profiling_wall_overhead")},
