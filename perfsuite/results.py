@@ -6,6 +6,8 @@ perfsuite.schemas.results.
 
 from __future__ import annotations
 
+import fcntl
+import json
 import statistics
 import time
 from pathlib import Path
@@ -187,12 +189,16 @@ class ResultsFile:
     """The run's results.json, rewritten whole after every cell.
 
     A crash or Ctrl-C in a later cell therefore keeps every result already
-    measured; a rerun of a cell replaces its earlier entry.
+    measured; a rerun of a cell replaces its earlier entry. ``shared``: the
+    nodes of a multi-node run write one file, each the cells whose rank 0 it
+    ran (either node, as the rendezvous places it): each writes under a lock
+    and keeps the cells the others wrote, and a node with none writes nothing.
     """
 
     def __init__(self, out_dir: Path | str, env: dict[str, Any] | None = None,
-                 argv: list[str] | None = None) -> None:
+                 argv: list[str] | None = None, shared: bool = False) -> None:
         self.path = Path(out_dir) / "results.json"
+        self.shared = shared
         self.data: dict[str, Any] = {
             "schema": SCHEMA,
             "run": {"started": time.time(), "finished": None, "argv": argv or []},
@@ -207,4 +213,18 @@ class ResultsFile:
 
     def write(self) -> None:
         self.data["run"]["finished"] = time.time()
-        atomic_write_json(self.path, json_safe(self.data))
+        if not self.shared:
+            atomic_write_json(self.path, json_safe(self.data))
+        elif self.data["cells"]:
+            with open(self.path.with_name(".results.json.lock"), "a") as lock:
+                fcntl.lockf(lock, fcntl.LOCK_EX)  # POSIX locks: held across NFS too
+                own = {c["id"]: c for c in self.data["cells"]}
+                cells = [own.pop(c["id"], c) for c in self._cells_on_disk()] + list(own.values())
+                atomic_write_json(self.path, json_safe({**self.data, "cells": cells}))
+
+    def _cells_on_disk(self) -> list[dict[str, Any]]:
+        try:
+            cells = json.loads(self.path.read_text())["cells"]
+        except (FileNotFoundError, ValueError, KeyError, TypeError):
+            return []  # none yet (or not one this writer can keep)
+        return [c for c in cells if isinstance(c, dict) and "id" in c]

@@ -228,7 +228,8 @@ class Runner:
     @property
     def file(self):
         if self._file is None:  # created on first use: runs without cells write nothing
-            self._file = ResultsFile(self.out_dir, env=hardware.fingerprint())
+            self._file = ResultsFile(self.out_dir, env=hardware.fingerprint(),
+                                     shared=self.launch.nodes.nnodes > 1)
             # "complete" or "interrupted" at the session's end (finish); a file
             # still "running" was cut off by a kill: the history refuses both
             self._file.data["run"]["status"] = "running"

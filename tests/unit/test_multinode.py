@@ -149,3 +149,38 @@ def test_slurm_path_launches_torchrun_through_srun(tmp_path):
     assert cell["status"] == "ok", cell.get("reason")
     assert cell["argv"][:2] == ["srun", "--nodes=2"]
     assert "--rdzv-backend=c10d" in cell["argv"] and len(cell["ranks"]) == 2
+
+
+def test_nodes_sharing_an_output_directory_keep_each_others_cells(tmp_path, fake, monkeypatch):
+    """Each cell's result is written by the node that ran its rank 0, which
+    torchrun's rendezvous may place on either node: neither node's write, nor
+    the end-of-run mark of a node that owned no cell, drops the other's."""
+    from perfsuite.launch.launch import LaunchOptions
+    from perfsuite.results import skipped_result
+    from perfsuite.runner import Runner
+
+    ids = [c.id for c in cells.select(tier="smoke", workload="image")[:3]]
+    nodes = Nodes(nnodes=2, rdzv_endpoint="127.0.0.1:29400", rdzv_id="shared")
+    # a third node that owned no cell: its end-of-run mark must not empty the file
+    a, b, idle = (Runner(tmp_path, launch=LaunchOptions(nodes=nodes), probe=False,
+                         baselines=no_baselines(tmp_path)) for _ in range(3))
+    owners = {ids[0]: a, ids[1]: b, ids[2]: a}
+    running = {}
+
+    def launch(cell, out_dir, opts=None):  # this node's half of the cell
+        node = running["node"]
+        if owners[cell.id] is node:
+            return fake(cell, out_dir, opts)
+        return skipped_result(cell, "reported by the node that ran rank 0", partner=True)
+
+    monkeypatch.setattr("perfsuite.launch.launch.run_cell", launch)
+    for cell in (cells.get(i) for i in ids):
+        for node in (a, b, idle):
+            running["node"] = node
+            node.result(cell)
+    for node in (a, b, idle):
+        assert node.finish() is None
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert [c["id"] for c in saved["cells"]] == ids
+    assert all(c["status"] == "ok" and not c.get("partner") for c in saved["cells"])
+    assert saved["run"]["status"] == "complete"
