@@ -210,4 +210,4 @@ def add_resident_options(add: Callable[..., Any], note: str = "") -> None:
     add("--quads", type=int, default=DEFAULT_QUADS, metavar="N",
         help=f"{note}ABBA quads of windows in one launch pair")
     add("--max-pairs", type=int, default=DEFAULT_MAX_PAIRS, metavar="N",
-        help=f"{note}launch pairs before a cell is left unknown (at least 2: a verdict weighs 2)")
+        help=f"{note}launch pairs before a cell is left unknown (2, or 4 or more: looks after pairs 2, 4, 5, ...)")

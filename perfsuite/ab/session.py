@@ -9,7 +9,7 @@ drifts drifts under both alike and neither side always goes first:
 - resident (where the cell allows it: perfsuite.ab.resident): one launch
   of each side kept up, windows of a few steps alternated between them
   seconds apart, judged from the quads' log-ratios over at least two such
-  launch pairs (perfsuite.stats.windows); a look after every pair;
+  launch pairs (perfsuite.stats.windows); looked at where the orders weigh alike (``look_pairs``);
 - launch rounds (any cell): whole launches in turns, each launch one
   observation (``launchstats.compare_launches``), judged after every round.
 
@@ -77,8 +77,10 @@ from perfsuite.ab.verdicts import (  # noqa: F401 - ab's face for its callers
     interval,
     load_accepted,
     look_confidence,
+    look_pairs,
     pair_failure,
     pair_look_confidence,
+    resident_settings,
     summary_line,
 )
 from perfsuite.cells import Cell
@@ -130,9 +132,7 @@ class ABSession:
                          "launch_statistic": statistic, "max_launches": max_launches, "attribute": attribute,
                          "min_launches": launchstats.MIN_LAUNCHES, "order": ORDER,
                          "launch": launch_settings(launch), "mode": mode,
-                         "resident": {"window_steps": window_steps, "quads_per_pair": quads,
-                                      "min_pairs": MIN_PAIRS, "max_pairs": max_pairs,
-                                      "look_confidence": pair_look_confidence(max_pairs)},
+                         "resident": resident_settings(window_steps, quads, max_pairs),
                          "sides": {s.name: asdict(s) for s in (side_a, side_b)}},
             "cells": [], "interrupted": True, "exit_code": None}
 
@@ -243,7 +243,7 @@ class ABSession:
         A pair whose second side would not fit beside the first turns the cell's plan to launch rounds."""
         results: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
         record["pairs"], quads_by_pair = [], []
-        confidence = pair_look_confidence(self.max_pairs)
+        confidence, looks = pair_look_confidence(self.max_pairs), look_pairs(self.max_pairs)
         for pair in range(1, self.max_pairs + 1):
             # Work counters are exact: the first pair's launches count them, the others need not.
             opts = {name: self._pair_options(side, pair) for name, side in self.sides.items()}
@@ -308,7 +308,7 @@ class ABSession:
                 self._plan(record, plan)
             self.log(f"  pair {pair}: {own.quads} quads, ratio {own.ratio:.4g} "
                      f"(95 % CI {own.ci_low:.4g}-{own.ci_high:.4g}); ready after {run.ready_s or 0:.1f} s")
-            if pair < MIN_PAIRS:
+            if pair not in looks:
                 self.write()
                 continue
             cmp = compare_windows(quads_by_pair, self.tolerance, confidence, min_pairs=MIN_PAIRS,

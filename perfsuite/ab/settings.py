@@ -10,6 +10,7 @@ from perfsuite.cells import Cell
 from perfsuite.launch.launch import LaunchOptions
 from perfsuite.options import AB_MODES as MODES
 from perfsuite.stats import launches as launchstats
+from perfsuite.stats.windows import ORDER_MODEL_PAIRS
 
 MIN_PAIRS = 2  # launch pairs a resident verdict weighs: one cannot see effects of its own launches
 # A window is a few seconds, so that both sides' windows share the machine's
@@ -36,6 +37,10 @@ def check_resident_settings(mode: str, window_steps: int, quads: int, max_pairs:
     if window_steps < 1 or quads < 4 or max_pairs < MIN_PAIRS:
         raise ABError(f"--window-steps {window_steps}, --quads {quads}, --max-pairs {max_pairs}: give at "
                       f"least 1 step a window, 4 quads a pair and {MIN_PAIRS} pairs")
+    if max_pairs % 2 and MIN_PAIRS <= max_pairs < ORDER_MODEL_PAIRS:
+        raise ABError(f"--max-pairs {max_pairs}: a look after {max_pairs} pairs weighs the side launched first "
+                      f"in the odd pair twice, and so no session looks there; give {max_pairs - 1}, or "
+                      f"{ORDER_MODEL_PAIRS} or more (from {ORDER_MODEL_PAIRS} the launch order is modelled)")
     if window_steps > MAX_WINDOW_STEPS:
         raise ABError(f"--window-steps {window_steps}: a window is meant to last seconds, so that both sides' "
                       "windows share the machine's drift, and must end within the launch's timeout "

@@ -16,6 +16,7 @@ from perfsuite.judge import accepted as accepted_mod
 from perfsuite.judge.checks import FAILING
 from perfsuite.stats import launches as launchstats
 from perfsuite.stats.samples import DEFAULT_CONFIDENCE
+from perfsuite.stats.windows import ORDER_MODEL_PAIRS
 
 ORDER = "ABBA"  # one round; every round the same, so each side leads half the rounds
 DECIDED = ("same", "regressed", "improved")
@@ -32,9 +33,36 @@ def look_confidence(max_launches: int, confidence: float = DEFAULT_CONFIDENCE) -
     return 1.0 - (1.0 - confidence) / looks
 
 
+def look_pairs(max_pairs: int) -> list[int]:
+    """The launch pairs after which a resident session looks at its verdict:
+    from MIN_PAIRS on, where the two launch orders weigh alike (an even
+    count) or the order is a term of the model (ORDER_MODEL_PAIRS on). Three
+    pairs (A, B, A first) pooled plainly weigh the A-first pairs twice: on
+    the 2-core VM the side launched first ran ~3 % slower, and both false
+    calls of 40 A/A sessions came at that look (tests/data/cpu-2026-11-28)."""
+    return [n for n in range(MIN_PAIRS, max_pairs + 1) if n % 2 == 0 or n >= ORDER_MODEL_PAIRS]
+
+
 def pair_look_confidence(max_pairs: int, confidence: float = DEFAULT_CONFIDENCE) -> float:
-    """As ``look_confidence``: a look after every launch pair from MIN_PAIRS on."""
-    return 1.0 - (1.0 - confidence) / (max_pairs - MIN_PAIRS + 1)
+    """As ``look_confidence``: Bonferroni over the looks of ``look_pairs``."""
+    return 1.0 - (1.0 - confidence) / len(look_pairs(max_pairs))
+
+
+def resident_settings(window_steps: int, quads: int, max_pairs: int) -> dict[str, Any]:
+    """What a session records of its resident windows: what a replay of its looks needs."""
+    return {"window_steps": window_steps, "quads_per_pair": quads, "min_pairs": MIN_PAIRS,
+            "max_pairs": max_pairs, "looks": look_pairs(max_pairs), "look_confidence": pair_look_confidence(max_pairs)}
+
+
+def recorded_looks(resident: dict[str, Any]) -> tuple[list[int], float]:
+    """The looks and their confidence a stored session's resident settings
+    name; a record from before ``look_pairs`` (no "looks") looked after every
+    pair from MIN_PAIRS on, Bonferroni over them."""
+    most = int(resident["max_pairs"])
+    if "looks" in resident:
+        return list(resident["looks"]), float(resident["look_confidence"])
+    every = list(range(MIN_PAIRS, most + 1))
+    return every, 1.0 - (1.0 - DEFAULT_CONFIDENCE) / len(every)
 
 
 def finite(value: Any) -> Any:

@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from perfsuite import cells
+from perfsuite.ab.verdicts import look_pairs
+from perfsuite.options import DEFAULT_MAX_PAIRS
 from perfsuite.report.error_rates import SCHEMA
 from perfsuite.selftest.detection import AB_TOLERANCE, DEFAULT_CELL, ab_fault, run_ab_session, session_line
 from perfsuite.stats.windows import detectable_change
@@ -173,7 +175,9 @@ def measure_error_rates(cell_ids: list[str] | None = None, sessions: int | None 
         n = sessions or DEFAULT_SESSIONS["cuda" if c.device == "cuda" else "cpu"]
         planned[c.id] = {"aa": n, "injected": n if injected is None else injected}
     settings = {"cells": [c.id for c in chosen], "fraction": fraction, "tolerance": tolerance, "steps": steps,
-                "max_launches": max_launches, "mode": mode, "fault_kinds": kinds, "resident": dict(resident or {})}
+                "max_launches": max_launches, "mode": mode, "fault_kinds": kinds, "resident": dict(resident or {}),
+                # where the sessions look: a run measured under another rule is not resumed
+                "looks": look_pairs(int((resident or {}).get("max_pairs") or DEFAULT_MAX_PAIRS))}
     work = Path(out_dir or DEFAULT_OUT)
     path = work / FILE
     host = host_facts(fingerprint(), time.strftime("%Y-%m-%d", time.gmtime()))

@@ -48,3 +48,16 @@ def fake(monkeypatch):
     monkeypatch.setattr("perfsuite.launch.launch.run_cell", launches)
     monkeypatch.setattr("perfsuite.selftest.detection.run_cell", launches)
     return launches
+
+
+def judge_at_looks(quads_by_pair, firsts, tolerance, resident):
+    """A stored resident session judged again as it was judged: the looks and
+    confidence its settings name (``recorded_looks``), up to the session's
+    last pair; each look's comparison, in order."""
+    from perfsuite.ab.settings import MIN_PAIRS
+    from perfsuite.ab.verdicts import recorded_looks
+    from perfsuite.stats.windows import compare_windows
+
+    looks, confidence = recorded_looks(resident)
+    return [compare_windows(quads_by_pair[:k], tolerance, confidence, min_pairs=MIN_PAIRS, firsts=firsts[:k])
+            for k in looks if k <= len(quads_by_pair)]

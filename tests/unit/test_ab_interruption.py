@@ -147,7 +147,7 @@ def test_a_full_disk_in_a_sides_launch_is_one_sentence_exit_2_and_keeps_the_fini
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(directory / "cell.json"))
         return real(cell, directory, opts)
 
-    session, lines = resident_session(tmp_path, monkeypatch, filling, max_pairs=3)
+    session, lines = resident_session(tmp_path, monkeypatch, filling, max_pairs=4)
     assert session.run() == ab.EXIT_USAGE
     record = saved(tmp_path)["cells"][0]
     assert len(record["pairs"]) == 1 and len(record["pairs"][0]["windows"]) == 20

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from perfsuite.ab.session import DECIDED, MIN_PAIRS, pair_look_confidence
-from perfsuite.stats.windows import compare_windows
+from perfsuite.ab.session import DECIDED, MIN_PAIRS
+from tests.unit.conftest import judge_at_looks
 
 RECORD = Path(__file__).resolve().parents[1] / "data" / "cpu-2026-11-26" / "ab-detection-20.json"
 CONDITIONS = ("unchanged", "slow10", "slow5")
@@ -58,18 +58,20 @@ def test_every_session_judged_again_by_abs_looks_gives_its_verdict(record):
 
 
 def judge_again(record: dict) -> None:
-    """Pair 2 and each later pair is a look; a session stops at its first
-    decided look or after 4 pairs. Every look before a session's last was
-    undecided, and its last gives the verdict and interval recorded."""
+    """The record's rule (``recorded_looks``): pair 2 and each later pair is a
+    look; a session stops at its first decided look or after 4 pairs. Every
+    look before a session's last was undecided, and its last gives the
+    verdict and interval recorded."""
     tolerance = record["settings"]["tolerance"]
-    confidence = pair_look_confidence(record["settings"]["resident"]["max_pairs"])
+    resident = record["settings"]["resident"]
+    assert "looks" not in resident and resident["look_confidence"] == pytest.approx(1 - 0.05 / 3)
     for session in record["sessions"]:
         quads = [p["quad_log_ratios"] for p in session["pairs"]]
         firsts = [p["first"] for p in session["pairs"]]
         assert firsts == ["A", "B", "A", "B"][:len(quads)], session["trial"]  # the lead alternates
         assert all(len(q) == 16 for q in quads)
-        looks = [compare_windows(quads[:k], tolerance, confidence, min_pairs=MIN_PAIRS, firsts=firsts[:k])
-                 for k in range(MIN_PAIRS, len(quads) + 1)]
+        looks = judge_at_looks(quads, firsts, tolerance, resident)
+        assert len(looks) == len(quads) - 1, session["trial"]
         where = (session["trial"], session["condition"])
         assert all(look.verdict not in DECIDED for look in looks[:-1]), where
         last = looks[-1]

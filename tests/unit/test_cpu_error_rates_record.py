@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from perfsuite.ab.session import DECIDED, MIN_PAIRS, pair_look_confidence
+from perfsuite.ab.session import DECIDED
 from perfsuite.selftest import error_rates as rates
-from perfsuite.stats.windows import compare_windows
+from tests.unit.conftest import judge_at_looks
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = ROOT / "tests" / "data" / "cpu-2026-11-28" / "error-rates"
@@ -55,12 +55,13 @@ def test_the_figures_printed_are_those_the_readmes_state():
 
 
 def test_every_session_judged_again_by_abs_looks_gives_its_verdict():
-    """sessions.json keeps each launch pair's ABBA quad log-ratios: a look after
-    every pair from the second, at the looks' confidence, stops at the first
-    decided one, as ab did, and gives the verdict and interval recorded."""
+    """sessions.json keeps each launch pair's ABBA quad log-ratios: the looks
+    of the rule these sessions ran under (after every pair from the second,
+    Bonferroni over them: ``recorded_looks``) stop at the first decided one,
+    as ab did, and give the verdict and interval recorded."""
     compact = json.loads((HERE / "sessions.json").read_text())
     settings = compact["settings"]
-    confidence = pair_look_confidence(settings["resident"]["max_pairs"])
+    assert "looks" not in settings["resident"]  # measured before ab looked only where the orders weigh alike
     kept = {(s["kind"], s["index"]): s for s in record()["per_session"]}
     assert {(s["kind"], s["index"]) for s in compact["sessions"]} == set(kept)
     for session in compact["sessions"]:
@@ -69,8 +70,8 @@ def test_every_session_judged_again_by_abs_looks_gives_its_verdict():
         where = (session["kind"], session["index"])
         assert firsts == ["A", "B", "A", "B"][:len(quads)] and all(len(q) == 16 for q in quads), where
         assert (session["fault"] is None) == (session["kind"] == "aa"), where
-        looks = [compare_windows(quads[:k], settings["tolerance"], confidence, min_pairs=MIN_PAIRS,
-                                 firsts=firsts[:k]) for k in range(MIN_PAIRS, len(quads) + 1)]
+        looks = judge_at_looks(quads, firsts, settings["tolerance"], settings["resident"])
+        assert len(looks) == len(quads) - 1, where
         assert all(look.verdict not in DECIDED for look in looks[:-1]), where
         last = looks[-1]
         assert last.verdict == session["verdict"] == kept[where]["verdict"], where

@@ -143,6 +143,14 @@ def test_resume_goes_on_from_the_sessions_a_stopped_run_left(tmp_path, monkeypat
     assert out["cells"][SMOKE]["sessions"] == 2 == out["cells"][SMOKE]["injected"]["sessions"]
     assert json.loads(path.read_text())["per_session"] == out["per_session"]
 
+    older = json.loads(path.read_text())  # measured before ab looked only where the orders weigh alike
+    del older["settings"]["looks"]
+    path.write_text(json.dumps(older))
+    with pytest.raises(ValueError, match=r"looks: None there, \[2, 4\] now"):
+        measured(tmp_path, resume=True)
+    older["settings"]["looks"] = [2, 4]
+    path.write_text(json.dumps(older))
+
     moved = json.loads(path.read_text())
     moved["host"]["cpu"] = "another CPU"
     path.write_text(json.dumps(moved))
