@@ -34,8 +34,6 @@ from .summary import (
     BusBandwidth,
     ProfileRow,
     ProfileSummary,
-    RowDelta,
-    attribute_change,
     format_summary,
     merge_rank_summaries,
     nccl_bus_bandwidth,
@@ -45,7 +43,7 @@ from .trace_summary import summary_from_chrome_trace, summary_from_trace_events
 __all__ = [
     "CATEGORIES", "H2D", "NSYS_REPORTS", "PAPER_METRICS", "RANK_OUTPUT_PATTERN", "SCHEMA",
     "BusBandwidth", "NsysConfigError", "NsysCsvError", "NsysError", "NsysImportError", "NsysInstall",
-    "NsysNotFoundError", "ProfileRow", "ProfileSummary", "RowDelta", "attribute_change", "choose_profiler",
+    "NsysNotFoundError", "ProfileRow", "ProfileSummary", "choose_profiler",
     "format_summary", "installed", "locate_nsys", "merge_rank_summaries", "nccl_bus_bandwidth", "nsys_available",
     "nsys_profile_argv", "nsys_stats_argv", "rank_report_path", "read_nsys_csv", "remember_import_failure",
     "resolve_nsys", "run_nsys_stats", "summarize_csvs", "summarize_path", "summary_from_chrome_trace",

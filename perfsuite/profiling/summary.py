@@ -15,8 +15,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .deltas import RowDelta, attribute_change  # noqa: F401  (their old home)
-
 SCHEMA = "perfsuite.profile/1"
 
 CATEGORIES = ("cuda_api", "kernel", "memcpy", "memset", "nvtx", "cpu_op", "collective", "module")

@@ -25,7 +25,6 @@ from perfsuite.profiling.summary import (
     ProfileRow,
     ProfileSummary,
     api_base_name,
-    attribute_change,
     format_summary,
     merge_rank_summaries,
     nccl_bus_bandwidth,
@@ -376,31 +375,6 @@ def test_bus_bandwidth_edge_cases():
 
 def _summary(rows, steps=None):
     return ProfileSummary("nsys", [ProfileRow(n, c, t, 1) for n, c, t in rows], steps=steps)
-
-
-def test_attribution_orders_by_absolute_and_relative_change():
-    base = _summary([("cudaLaunchKernel", "cuda_api", 10.0), ("cudaStreamSynchronize", "cuda_api", 5.0),
-                     (H2D, "memcpy", 1.0), ("cudaFree", "cuda_api", 0.5), ("same", "kernel", 2.0)])
-    cur = _summary([("cudaLaunchKernel", "cuda_api", 12.0), ("cudaStreamSynchronize", "cuda_api", 2.0),
-                    (H2D, "memcpy", 1.5), ("ncclDevKernel_AllGather_RING_LL", "kernel", 0.2),
-                    ("same", "kernel", 2.0)])
-    by_abs = attribute_change(base, cur)
-    assert [d.name for d in by_abs] == ["cudaStreamSynchronize", "cudaLaunchKernel", "cudaFree", H2D,
-                                        "ncclDevKernel_AllGather_RING_LL"]
-    assert by_abs[0].delta_s == pytest.approx(-3.0) and by_abs[0].relative == pytest.approx(-0.6)
-    by_rel = attribute_change(base, cur, by="rel", min_abs_s=0.3)
-    assert [d.name for d in by_rel] == ["cudaFree", "cudaStreamSynchronize", H2D, "cudaLaunchKernel"]
-    assert by_rel[0].to_dict()["status"] == "gone"
-    new = attribute_change(base, cur, by="rel", categories=["kernel"])
-    assert new[0].relative is None and new[0].to_dict()["status"] == "new"
-    assert attribute_change(base, cur, top=2, categories=["cuda_api"])[1].name == "cudaLaunchKernel"
-
-
-def test_attribution_is_per_step_when_steps_are_known():
-    base = _summary([("k", "kernel", 10.0)], steps=10)
-    cur = _summary([("k", "kernel", 22.0)], steps=20)
-    (delta,) = attribute_change(base, cur)
-    assert delta.baseline_s == pytest.approx(1.0) and delta.current_s == pytest.approx(1.1)
 
 
 def test_merge_of_unranked_parts_numbers_them():
