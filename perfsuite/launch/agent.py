@@ -75,6 +75,7 @@ class Zygote:
         self.python, self.cwd = python, cwd
         self._lock = threading.Lock()
         self._exits: dict[int, int] = {}
+        self.running: set[int] = set()  # its agents not yet ended: it must outlive them
         self._replies: list[dict] = []  # answers read by a thread waiting for an exit
         self.preloaded: set[str] = set()
         self.failed: dict[str, str] = {}
@@ -110,6 +111,8 @@ class Zygote:
         """One message, or None when none came within ``timeout``; exits are
         filed as they come. Raises ZygoteError once the zygote is gone. Called
         with the lock held."""
+        if self._sock.fileno() < 0:
+            raise ZygoteError("the zygote was ended")
         readable, _, _ = select.select([self._sock], [], [], timeout)
         if not readable:
             return None
@@ -122,6 +125,7 @@ class Zygote:
         message = json.loads(data)
         if "exit" in message:
             self._exits[message["exit"]] = message["code"]
+            self.running.discard(message["exit"])
         return message
 
     def _reply(self, timeout: float) -> dict:
@@ -157,8 +161,9 @@ class Zygote:
             except OSError as err:
                 raise ZygoteError(f"the zygote is gone ({err})") from None
             answer = self._reply(60.0)
-        if "stale" in answer:
-            raise ZygoteStale(f"{answer['stale']} changed since the zygote imported it")
+            if "stale" in answer:
+                raise ZygoteStale(f"{answer['stale']} changed since the zygote imported it")
+            self.running.add(answer["pid"])
         return ZygoteAgent(self, answer["pid"], argv[3:])
 
     def exit_code(self, pid: int, timeout: float | None) -> int | None:
@@ -181,7 +186,8 @@ class Zygote:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return None
-            select.select([self._sock], [], [], EXIT_POLL_S if left is None else min(left, EXIT_POLL_S))
+            if self._sock.fileno() >= 0:  # else the next round files the agent as ended with it
+                select.select([self._sock], [], [], EXIT_POLL_S if left is None else min(left, EXIT_POLL_S))
 
     def close(self) -> None:
         self._sock.close()  # the zygote ends at end of file
@@ -225,6 +231,10 @@ class ZygotePool:
     def __init__(self, make: Callable[..., Zygote] | None = None, limit: int = MAX_ZYGOTES) -> None:
         self.make, self.limit = make or Zygote, limit
         self.zygotes: dict[tuple, Zygote] = {}  # the most recently used last
+        # Replaced (a module changed, or the least recently used) while an agent of theirs
+        # ran: ended once idle, as closing one ends its agents' launches.
+        self.retired: list[Zygote] = []
+        self._retired_lock = threading.Lock()
         self.failed: dict[tuple, str] = {}  # keys whose zygote could not start: why
         self.touch_cuda: set[str] = set()  # modules whose import initialised CUDA: ranks import them after the fork
         self.warming: dict[tuple, threading.Thread] = {}  # zygotes starting in the background
@@ -276,12 +286,13 @@ class ZygotePool:
         if key in self.failed:
             raise ZygoteError(self.failed[key])
         zygote = self.zygotes.pop(key, None)
+        self._retire()
         for _ in range(3):
             modules = [m for m in preload if m not in self.touch_cuda]
             try:
                 if zygote is None or not zygote.alive():
                     while len(self.zygotes) >= self.limit:
-                        self.zygotes.pop(next(iter(self.zygotes))).close()
+                        self._retire(self.zygotes.pop(next(iter(self.zygotes))))
                     zygote = self.make(python, {k: v for k, v in env.items() if k not in PER_LAUNCH_ENV},
                                        cwd, modules)
                 else:
@@ -315,14 +326,34 @@ class ZygotePool:
                 if attempt:
                     raise
                 self.zygotes.pop(self.key(python, env), None)
-                zygote.close()
+                self._retire(zygote)
         raise AssertionError("unreachable")
+
+    def _retire(self, zygote: Zygote | None = None) -> None:
+        """End ``zygote`` once no agent of its runs, and the retired that are idle now."""
+        with self._retired_lock:  # the sides of an A/B session launch from two threads
+            for old in [*self.retired, *([zygote] if zygote is not None else [])]:
+                with old._lock:
+                    try:  # the exits its waiters have not read yet, filed for them
+                        while old.running and (message := old._receive(0.0)) is not None:
+                            if "exit" not in message:
+                                old._replies.append(message)
+                    except ZygoteError:
+                        old.running.clear()
+                if old in self.retired:
+                    self.retired.remove(old)
+                if old.running:
+                    self.retired.append(old)
+                else:
+                    old.close()
 
     def close(self) -> None:
         for key in list(self.warming):  # a warm start under way ends first, then with the rest
             self._wait_for_warm_start(key)
         while self.zygotes:
             self.zygotes.popitem()[1].close()
+        while self.retired:  # the session's end: its launches have ended
+            self.retired.pop().close()
 
 
 POOL = ZygotePool()  # this launcher's

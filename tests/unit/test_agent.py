@@ -226,6 +226,39 @@ def test_a_zygote_whose_imported_code_changed_is_replaced_before_it_forks_old_co
         pool.close()
 
 
+def test_a_zygote_replaced_while_an_agent_of_its_runs_lets_that_launch_finish(tmp_path, monkeypatch):
+    """An A/B session's side B launched while side A's launch runs, after a
+    module the zygote imported changed (a checkout moved on, an edit): B gets
+    a new zygote, and A's, retired, serves A to its end (closing it ended A's
+    launch with "file descriptor cannot be a negative integer (-1)"); it is
+    ended once idle."""
+    (tmp_path / "trained.py").write_text("VALUE = 1\n")
+    monkeypatch.chdir(tmp_path)
+    pool = agent.ZygotePool()
+    (tmp_path / "rank.py").write_text("import sys, time, trained; time.sleep(float(sys.argv[1])); "
+                                      "print('value', trained.VALUE)\n")
+    env = dict(os.environ)
+
+    def launch(seconds, log):
+        argv = [*TORCHRUN, "--standalone", "--nproc-per-node=1", "--start-method=fork",
+                "--run-path", str(tmp_path / "rank.py"), str(seconds)]
+        with open(log, "wb") as out:
+            return pool.launch(argv, out.fileno(), env, sys.executable, ["trained"], cuda=False)
+
+    try:
+        slow = launch(8, tmp_path / "a.log")
+        first = next(iter(pool.zygotes.values()))
+        (tmp_path / "trained.py").write_text("VALUE = 22\n")
+        quick = launch(0, tmp_path / "b.log")
+        assert quick.wait(timeout=120) == 0 and "value 22" in (tmp_path / "b.log").read_text()
+        assert first.alive() and first in pool.retired  # side A's agent still runs under it
+        assert slow.wait(timeout=120) == 0 and "value 1" in (tmp_path / "a.log").read_text()
+        launch(0, tmp_path / "c.log").wait(timeout=120)  # the next launch ends the idle one
+        assert pool.retired == [] and not first.alive()
+    finally:
+        pool.close()
+
+
 @pytest.mark.slow
 def test_a_zygote_started_from_a_thread_outlives_it_and_serves_two_threads_at_once(tmp_path, monkeypatch):
     """An A/B session starts its sides' launches from threads. The zygote
