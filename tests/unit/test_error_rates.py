@@ -32,8 +32,9 @@ QUIET_ROW = ["smoke/image/ddp-ds/c1/fp32/px32/nopin/nchw", "0/20", "16/20", "20/
 
 
 def measured(tmp_path, sessions=2, **settings):
-    return rates.measure_error_rates([SMOKE], sessions, 0.10, tmp_path, mode="launches",
-                                     **{"tolerance": 0.05, "log": lambda line: None, **settings})
+    return rates.measure_error_rates([SMOKE], sessions, 0.10, tmp_path,
+                                     **{"mode": "launches", "tolerance": 0.05, "log": lambda line: None,
+                                        **settings})
 
 
 def test_the_quiet_days_record_gives_its_a_a_sessions_as_error_rates():
@@ -245,3 +246,43 @@ def test_a_file_that_is_no_error_rates_file_is_said_so(tmp_path):
         table.load_error_rates(path)
     with pytest.raises(ValueError, match="cannot read it"):
         table.load_error_rates(tmp_path / "none.json")
+
+
+def test_a_resident_sessions_record_keeps_what_its_verdict_weighed_and_is_judged_again_by_its_looks(
+        tmp_path, monkeypatch):
+    """Each session in error-rates.json keeps its launch pairs' lead and ABBA
+    quad log-ratios: judged again by the looks its settings name, each gives
+    the verdict and interval it was given (as the stored records are)."""
+    import math
+
+    import numpy as np
+
+    from perfsuite.ab.resident import PairRun
+    from perfsuite.ab.verdicts import DECIDED, pair_look_confidence
+    from tests.unit.conftest import CPU_ENV, judge_at_looks
+
+    rng = np.random.default_rng(5)
+
+    def fake_pair(cell, opts, dirs, *, quads, window_steps, first, **kwargs):
+        slow = 1.0 + float(opts["B"].options.get("fault", "slow:*:0:0").split(":")[3])
+        windows = [{"side": side, "value": 0.1 * (slow if side == "B" else 1.0) * math.exp(rng.normal(0, 0.03)),
+                    "steps": [], "settling": quad == 0} for quad in range(quads + 1) for side in "ABBA"]
+        ok = {"id": cell.id, "params": cell.params(), "env": CPU_ENV, "checks": [], "ranks": [],
+              "status": "ok", "reason": None, "duration_s": 1.0,
+              "metrics": {"step_time": {"value": 0.1, "unit": "s", "samples": [0.1] * 5}}}
+        return PairRun({side: {**ok, "dir": str(dirs[side])} for side in "AB"}, windows, 0.5)
+
+    monkeypatch.setattr("perfsuite.ab.session.run_pair", fake_pair)
+    out = measured(tmp_path, sessions=3, mode="resident", tolerance=0.02)
+    settings = out["settings"]
+    assert settings["looks"] == [2, 4]
+    for session in out["per_session"]:
+        quads = [p["quad_log_ratios"] for p in session["pair_quads"]]
+        assert len(quads) == session["pairs"] and all(len(q) == 16 for q in quads)
+        resident = {"max_pairs": 4, "looks": settings["looks"], "look_confidence": session["confidence"]}
+        assert session["confidence"] == pytest.approx(pair_look_confidence(4))
+        looks = judge_at_looks(quads, [p["first"] for p in session["pair_quads"]], settings["tolerance"], resident)
+        assert all(look.verdict not in DECIDED for look in looks[:-1])
+        assert looks[-1].verdict == session["verdict"]
+        assert (looks[-1].ci_low, looks[-1].ci_high) == pytest.approx((session["ci_low"], session["ci_high"]))
+    assert any(s["verdict"] == "regressed" for s in out["per_session"] if s["kind"] == "injected")
