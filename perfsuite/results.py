@@ -217,7 +217,10 @@ class ResultsFile:
             atomic_write_json(self.path, json_safe(self.data))
         elif self.data["cells"]:
             with open(self.path.with_name(".results.json.lock"), "a") as lock:
-                fcntl.lockf(lock, fcntl.LOCK_EX)  # POSIX locks: held across NFS too
+                try:
+                    fcntl.lockf(lock, fcntl.LOCK_EX)  # POSIX locks: held across NFS too
+                except OSError:  # a file system without locks (Lustre mounted without them): merged all the same
+                    pass
                 own = {c["id"]: c for c in self.data["cells"]}
                 cells = [own.pop(c["id"], c) for c in self._cells_on_disk()] + list(own.values())
                 atomic_write_json(self.path, json_safe({**self.data, "cells": cells}))

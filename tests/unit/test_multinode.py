@@ -151,10 +151,20 @@ def test_slurm_path_launches_torchrun_through_srun(tmp_path):
     assert "--rdzv-backend=c10d" in cell["argv"] and len(cell["ranks"]) == 2
 
 
-def test_nodes_sharing_an_output_directory_keep_each_others_cells(tmp_path, fake, monkeypatch):
+@pytest.mark.parametrize("locks", [True, False])
+def test_nodes_sharing_an_output_directory_keep_each_others_cells(tmp_path, fake, monkeypatch, locks):
     """Each cell's result is written by the node that ran its rank 0, which
     torchrun's rendezvous may place on either node: neither node's write, nor
-    the end-of-run mark of a node that owned no cell, drops the other's."""
+    the end-of-run mark of a node that owned no cell, drops the other's; on a
+    file system without POSIX locks too."""
+    if not locks:
+        import errno
+        import fcntl
+
+        def no_locks(*args):
+            raise OSError(errno.ENOLCK, "No locks available")
+
+        monkeypatch.setattr(fcntl, "lockf", no_locks)
     from perfsuite.launch.launch import LaunchOptions
     from perfsuite.results import skipped_result
     from perfsuite.runner import Runner
