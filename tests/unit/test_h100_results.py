@@ -193,7 +193,9 @@ def test_the_second_days_500_px_cells_are_judged_by_time_and_by_their_counters(s
 def test_resident_ab_sessions_on_the_h100_judge_again_as_they_judged(session, verdict, pairs):
     """Three `perfsuite selftest verdict-detection --ab` sessions on the
     pinned 500 px cell (1 % tolerance, 16 quads a pair): their windows,
-    judged again by today's rule, give the verdict and interval they gave."""
+    pooled again as they were at their last look (a look after every pair
+    then; ab now looks after pairs 2 and 4), give the verdict and interval
+    they gave."""
     from perfsuite.ab.resident import judged as weighed
     from perfsuite.stats.windows import compare_windows, quad_log_ratios
 
