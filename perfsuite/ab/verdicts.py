@@ -57,12 +57,9 @@ def resident_settings(window_steps: int, quads: int, max_pairs: int) -> dict[str
 def recorded_looks(resident: dict[str, Any]) -> tuple[list[int], float]:
     """The looks and their confidence a stored session's resident settings
     name; a record from before ``look_pairs`` (no "looks") looked after every
-    pair from MIN_PAIRS on, Bonferroni over them."""
-    most = int(resident["max_pairs"])
-    if "looks" in resident:
-        return list(resident["looks"]), float(resident["look_confidence"])
-    every = list(range(MIN_PAIRS, most + 1))
-    return every, 1.0 - (1.0 - DEFAULT_CONFIDENCE) / len(every)
+    pair from MIN_PAIRS on. Bonferroni over them where no confidence is kept."""
+    looks = list(resident["looks"]) if "looks" in resident else list(range(MIN_PAIRS, int(resident["max_pairs"]) + 1))
+    return looks, float(resident.get("look_confidence") or 1.0 - (1.0 - DEFAULT_CONFIDENCE) / len(looks))
 
 
 def finite(value: Any) -> Any:

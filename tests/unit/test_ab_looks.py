@@ -21,6 +21,8 @@ def test_looks_are_taken_where_the_launch_orders_weigh_alike_or_are_modelled():
     assert pair_look_confidence(6) == pytest.approx(1 - 0.05 / 4)
     kept = resident_settings(5, 16, 4)
     assert recorded_looks(kept) == ([2, 4], pytest.approx(0.975))
+    # error-rates.json names the looks beside its resident settings, the confidence per session
+    assert recorded_looks({"max_pairs": 4, "looks": [2, 4]}) == ([2, 4], pytest.approx(0.975))
     # a record from before: a look after every pair from the second
     assert recorded_looks({"max_pairs": 4, "look_confidence": 1 - 0.05 / 3}) == ([2, 3, 4], pytest.approx(1 - 0.05 / 3))
 
