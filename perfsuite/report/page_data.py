@@ -208,14 +208,6 @@ def _profile(profile: Mapping[str, Any]) -> dict[str, Any]:
             "exported_inside": exported_inside}
 
 
-def _attribution(deltas: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    return [{"category": d.get("category"), "name": str(d.get("name"))[:100],
-             "baseline": d.get("baseline_s"), "current": d.get("current_s"),
-             "delta": d.get("delta_s"),
-             "relative": None if cv.number(d.get("relative")) is None else 100 * d["relative"],
-             "status": d.get("status")} for d in deltas]
-
-
 def _counters(counted: Mapping[str, Any]) -> dict[str, Any]:
     """A cell's work counters per step (summed over its ranks)."""
     unstable = counted.get("unstable") or []
@@ -261,7 +253,6 @@ def _details(cells: list[dict], base: Path | None) -> list[dict[str, Any]]:
             "counters": _counters(cell["counters"])
             if (cell.get("counters") or {}).get("per_step") else None,
             "profile": profile, "profile_note": _profiled_outliers(cell, profile),
-            "attribution": _attribution(list(cell["attribution"])) if cell.get("attribution") else [],
             "accuracy_hidden": (accuracy is not None and cv.shown_accuracy(cell) is None),
             "tail": tail})
     return out

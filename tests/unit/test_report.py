@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from matplotlib.container import BarContainer, ErrorbarContainer
 
-from perfsuite.profiling.summary import ProfileRow, ProfileSummary, attribute_change
+from perfsuite.profiling.summary import ProfileRow, ProfileSummary
 from perfsuite.report import figures, figures_llm, figures_profile, formatting, gallery, html, page_checks, page_data, tables
 from perfsuite.report.paper import PaperReference, load_paper_reference
 from perfsuite.report.terminal import junit_properties, summary_lines
@@ -72,7 +72,7 @@ def run(cells, env=CPU_ENV):
 
 @pytest.fixture(scope="module")
 def results():
-    base, current = profile_pair()
+    _, current = profile_pair()
     regressed = {"name": "step_time", "verdict": "regressed", "observed": 0.2, "expected": 0.1,
                  "ratio": 2.0, "ci_low": 1.8, "ci_high": 2.2, "confidence": 0.95,
                  "tolerance": 0.05, "metric": "step_time", "unit": "s",
@@ -85,8 +85,7 @@ def results():
              cell(world_size=2, precision="fp64", step_s=0.24),
              cell(world_size=2, precision="bf16", step_s=0.13, checks=[speedup]),
              cell(world_size=2, pin=True, step_s=0.11, checks=[regressed],
-                  profile=current.to_dict(),
-                  attribution=[d.to_dict() for d in attribute_change(base, current)]),
+                  profile=current.to_dict()),
              cell(strategy="ddp", world_size=1, step_s=0.1),
              cell(strategy="ddp", world_size=2, step_s=0.15),
              cell(world_size=4, status="skipped",
