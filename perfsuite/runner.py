@@ -236,8 +236,8 @@ class Runner:
             if self._earlier_started is not None:  # a resumed run is the run it resumes: its
                 # start, and so its history key (with the same cells), stays: stored once
                 self._file.data["run"]["started"] = self._earlier_started
-            for kept in self._earlier_cells:
-                self._file.data["cells"].append(kept)
+            if not self._file.shared:  # a shared file keeps them itself: another node may rewrite one
+                self._file.data["cells"].extend(self._earlier_cells)
         return self._file
 
     @property

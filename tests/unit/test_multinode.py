@@ -194,3 +194,28 @@ def test_nodes_sharing_an_output_directory_keep_each_others_cells(tmp_path, fake
     assert [c["id"] for c in saved["cells"]] == ids
     assert all(c["status"] == "ok" and not c.get("partner") for c in saved["cells"])
     assert saved["run"]["status"] == "complete"
+
+
+def test_a_resumed_node_does_not_write_back_the_cells_another_node_measured_again(tmp_path, fake, monkeypatch):
+    """`--resume` of a multi-node run: a cell that failed before and that the
+    other node measured again stays as that node wrote it when this node
+    writes its own cell (it kept no copy of the earlier file's cells)."""
+    from perfsuite.launch.launch import LaunchOptions
+    from perfsuite.results import ResultsFile, skipped_result
+    from perfsuite.runner import Runner
+
+    first, second = (cells.get(c.id) for c in cells.select(tier="smoke", workload="image")[:2])
+    earlier = ResultsFile(tmp_path)
+    earlier.add({**fake(second, tmp_path), "status": "error", "reason": "rank 1 failed"})
+    nodes = Nodes(nnodes=2, rdzv_endpoint="127.0.0.1:29400", rdzv_id="resumed")
+    here = Runner(tmp_path, launch=LaunchOptions(nodes=nodes), probe=False, resume=True,
+                  baselines=no_baselines(tmp_path))
+    monkeypatch.setattr("perfsuite.launch.launch.run_cell", lambda cell, out_dir, opts=None: (
+        fake(cell, out_dir, opts) if cell.id == first.id else skipped_result(cell, "the other node's", partner=True)))
+    here.result(second)  # rank 0 on the other node, which writes it again:
+    other = ResultsFile(tmp_path, shared=True)
+    other.add(fake(second, tmp_path))
+    here.result(first)
+    assert here.finish() is None
+    saved = {c["id"]: c for c in json.loads((tmp_path / "results.json").read_text())["cells"]}
+    assert saved[second.id]["status"] == "ok" and saved[first.id]["status"] == "ok"
