@@ -36,7 +36,7 @@ from perfsuite.ab.resident import (
     LAUNCH_ROUNDS,
     MemoryPlan,
     choose_plan,
-    judged,
+    judged_quads,
     plan_memory,
     resident_refusal,
     run_pair,
@@ -94,7 +94,7 @@ from perfsuite.schemas.records import ABRecord
 from perfsuite.schemas.results import SCHEMA as RESULTS_SCHEMA
 from perfsuite.stats import launches as launchstats
 from perfsuite.stats.samples import DEFAULT_CONFIDENCE, DEFAULT_TOLERANCE
-from perfsuite.stats.windows import compare_windows, detectable_change, pair_estimate, quad_log_ratios
+from perfsuite.stats.windows import compare_windows, detectable_change, pair_estimate
 from perfsuite.system.atomic import atomic_write_json
 
 SCHEMA = "perfsuite.ab/1"
@@ -288,7 +288,7 @@ class ABSession:
                 return results
             for name in ORDER[:2]:
                 results[name].append(run.results[name])
-            quads_by_pair.append(quad_log_ratios([(w["side"], w["value"]) for w in judged(run.windows)]))
+            quads_by_pair.append(judged_quads(run.windows))
             own = pair_estimate(quads_by_pair[-1])
             memory = _pair_memory(run.memory)
             record["pairs"].append({"pair": pair, "first": first, "quads": own.quads,

@@ -44,7 +44,6 @@ from perfsuite.results import merge_repeats
 from perfsuite.runner import REMEASURE_ROUNDS
 from perfsuite.schemas.results import SCHEMA
 from perfsuite.stats import launches as launchstats
-from perfsuite.stats.windows import quad_log_ratios
 from perfsuite.system.atomic import atomic_write_json
 
 DEFAULT_CELL = "smoke/image/ddp-ds/c1/fp32/px32/nopin/nchw"
@@ -337,7 +336,7 @@ def run_ab_session(cell: cells.Cell, out_dir: Path, fault: str | None = None, *,
     ``out_dir``: its verdict, interval, smallest detectable change, launches
     and wall time. A session ended by Ctrl-C raises KeyboardInterrupt: a
     benchmark counts only sessions that came to an end."""
-    from perfsuite.ab.resident import judged as weighed  # torch
+    from perfsuite.ab.resident import judged_quads  # torch
     from perfsuite.ab.session import EXIT_INTERRUPTED, ABSession, python_side
 
     side_b = python_side("B", sys.executable)
@@ -354,8 +353,8 @@ def run_ab_session(cell: cells.Cell, out_dir: Path, fault: str | None = None, *,
             "detectable": judged.get("detectable"), "confidence": judged.get("confidence"),
             "mode": judged.get("mode"), "pairs": len(judged.get("pairs") or []),
             # what the verdict weighed, so that a stored record can be judged again (its looks)
-            "pair_quads": [{"first": p["first"], "quad_log_ratios": quad_log_ratios(
-                [(w["side"], w["value"]) for w in weighed(p["windows"])])} for p in judged.get("pairs") or []],
+            "pair_quads": [{"first": p["first"], "quad_log_ratios": judged_quads(p["windows"])}
+                           for p in judged.get("pairs") or []],
             "launches": judged["n_a"] + judged["n_b"], "seconds": round(time.time() - started, 1)}
 
 

@@ -196,13 +196,13 @@ def test_resident_ab_sessions_on_the_h100_judge_again_as_they_judged(session, ve
     pooled again as they were at their last look (a look after every pair
     then; ab now looks after pairs 2 and 4), give the verdict and interval
     they gave."""
-    from perfsuite.ab.resident import judged as weighed
-    from perfsuite.stats.windows import compare_windows, quad_log_ratios
+    from perfsuite.ab.resident import judged_quads
+    from perfsuite.stats.windows import compare_windows
 
     ab = json.loads((DATA / SECOND / f"{session}.json").read_text())
     cell = ab["cells"][0]
     assert (cell["id"], cell["mode"], cell["verdict"], len(cell["pairs"])) == (PIN, "resident", verdict, pairs)
-    quads = [quad_log_ratios([(w["side"], w["value"]) for w in weighed(p["windows"])]) for p in cell["pairs"]]
+    quads = [judged_quads(p["windows"]) for p in cell["pairs"]]
     again = compare_windows(quads, ab["settings"]["tolerance"], cell["confidence"])
     assert again.verdict == verdict
     assert (again.ci_low, again.ci_high) == pytest.approx((cell["ci_low"], cell["ci_high"]), rel=1e-9)
