@@ -176,9 +176,7 @@ class Zygote:
         while True:
             with self._lock:
                 try:
-                    while (message := self._receive(0.0)) is not None:
-                        if "exit" not in message:  # an answer another thread is about to ask for
-                            self._replies.append(message)
+                    self._drain()
                 except ZygoteError:  # its agents died with it (the parent-death signal)
                     self._exits.setdefault(pid, -signal.SIGKILL)
                 if pid in self._exits:
@@ -188,6 +186,23 @@ class Zygote:
                 return None
             if self._sock.fileno() >= 0:  # else the next round files the agent as ended with it
                 select.select([self._sock], [], [], EXIT_POLL_S if left is None else min(left, EXIT_POLL_S))
+
+    def _drain(self) -> None:
+        """File the messages already sent: exits, and answers another thread is
+        about to ask for. Called with the lock held; raises ZygoteError once the
+        zygote is gone."""
+        while (message := self._receive(0.0)) is not None:
+            if "exit" not in message:
+                self._replies.append(message)
+
+    def busy(self) -> bool:
+        """Whether an agent of its still runs (the exits already sent filed first)."""
+        with self._lock:
+            try:
+                self._drain()
+            except ZygoteError:  # its agents died with it
+                self.running.clear()
+        return bool(self.running)
 
     def close(self) -> None:
         self._sock.close()  # the zygote ends at end of file
@@ -333,16 +348,9 @@ class ZygotePool:
         """End ``zygote`` once no agent of its runs, and the retired that are idle now."""
         with self._retired_lock:  # the sides of an A/B session launch from two threads
             for old in [*self.retired, *([zygote] if zygote is not None else [])]:
-                with old._lock:
-                    try:  # the exits its waiters have not read yet, filed for them
-                        while old.running and (message := old._receive(0.0)) is not None:
-                            if "exit" not in message:
-                                old._replies.append(message)
-                    except ZygoteError:
-                        old.running.clear()
                 if old in self.retired:
                     self.retired.remove(old)
-                if old.running:
+                if old.busy():
                     self.retired.append(old)
                 else:
                     old.close()
