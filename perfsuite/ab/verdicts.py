@@ -10,13 +10,12 @@ import math
 import os
 from typing import Any
 
-from perfsuite.ab.settings import MIN_PAIRS
+from perfsuite.ab.settings import MIN_PAIRS, look_pairs
 from perfsuite.ab.stopping import is_full, side_failed
 from perfsuite.judge import accepted as accepted_mod
 from perfsuite.judge.checks import FAILING
 from perfsuite.stats import launches as launchstats
 from perfsuite.stats.samples import DEFAULT_CONFIDENCE
-from perfsuite.stats.windows import ORDER_MODEL_PAIRS
 
 ORDER = "ABBA"  # one round; every round the same, so each side leads half the rounds
 DECIDED = ("same", "regressed", "improved")
@@ -31,16 +30,6 @@ def look_confidence(max_launches: int, confidence: float = DEFAULT_CONFIDENCE) -
     look at 95 % called identical sides regressed in the first trial tried."""
     looks = (max_launches - launchstats.MIN_LAUNCHES) // 2 + 1
     return 1.0 - (1.0 - confidence) / looks
-
-
-def look_pairs(max_pairs: int) -> list[int]:
-    """The launch pairs after which a resident session looks at its verdict:
-    from MIN_PAIRS on, where the two launch orders weigh alike (an even
-    count) or the order is a term of the model (ORDER_MODEL_PAIRS on). Three
-    pairs (A, B, A first) pooled plainly weigh the A-first pairs twice: on
-    the 2-core VM the side launched first ran ~3 % slower, and both false
-    calls of 40 A/A sessions came at that look (tests/data/cpu-2026-11-28)."""
-    return [n for n in range(MIN_PAIRS, max_pairs + 1) if n % 2 == 0 or n >= ORDER_MODEL_PAIRS]
 
 
 def pair_look_confidence(max_pairs: int, confidence: float = DEFAULT_CONFIDENCE) -> float:
