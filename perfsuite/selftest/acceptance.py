@@ -89,7 +89,8 @@ def gate(folder: Path) -> dict[str, Any] | None:
     cells = [c for c in run.get("cells", []) if not c.get("partner")]
     ran = [c for c in cells if not c.get("needs_gpus")]
     step = [k for c in ran for k in c.get("checks", []) if k["name"] == "step_time"]
-    return {"cells": len(cells), "ran": len(ran), "ok": sum(c.get("status") == "ok" for c in ran),
+    return {"status": (run.get("run") or {}).get("status"),
+            "cells": len(cells), "ran": len(ran), "ok": sum(c.get("status") == "ok" for c in ran),
             "not_run": sorted(c["id"] for c in cells if c.get("needs_gpus")),
             "step_time": dict(Counter(("recorded" if k.get("recorded") else k["verdict"]) for k in step)),
             "unjudged": {c["id"]: lines for c in ran if (lines := unjudged(c))},
@@ -127,7 +128,9 @@ def summarize(folder: Path) -> dict[str, Any]:
     header = text.split("part rc wall_s", 1)[0].strip().splitlines()
     attribution = _json(folder / "attribution" / "attribution-selftest.json")
     rates = _json(folder / "rates" / "error-rates.json")
+    earlier = sorted((p for p in folder.glob("gate.*") if p.suffix[1:].isdigit()), key=lambda p: int(p.suffix[1:]))
     return {"files_checked": checked, "machine": header, "parts": parts(text), "gate": gate(folder / "gate"),
+            "earlier_gates": {p.name: gate(p) for p in earlier},  # finished runs an earlier call kept aside
             "ab": ab(folder), "llm": results_of(folder / "llm"), "profile": results_of(folder / "profile"),
             "attribution": attribution and {k: attribution.get(k) for k in
                                             ("cell", "steps", "sessions", "figures", "profiling_wall_overhead")},
@@ -143,6 +146,18 @@ def _session(s: dict[str, Any]) -> str:
     return f"{s['verdict']} {ratio}{span}{detect}{wall}"
 
 
+def _gate_lines(name: str, g: dict[str, Any]) -> list[str]:
+    out = [f"{name}: {g['ran']} of {g['cells']} cells run ({g['ok']} ok), {len(g['not_run'])} not run "
+           f"(need more GPUs than present); step time: "
+           + (", ".join(f"{v} {k}" for k, v in sorted(g["step_time"].items())) or "none judged")]
+    if g.get("status") not in ("complete", None):  # results.json lists only the cells it reached
+        out.append(f"  the run is {g['status']}: the cells after these were not reached "
+                   "(the next call's gate goes on with --perf-resume)")
+    out += [f"  not compared, {cell}: {'; '.join(why)}" for cell, why in g["unjudged"].items()]
+    out += [f"  failed, {cell}: {'; '.join(why)}" for cell, why in g["failed"].items()]
+    return out
+
+
 def lines(summary: dict[str, Any]) -> list[str]:
     """The figures in words."""
     from perfsuite.selftest.attribution import figure_lines as attribution_lines
@@ -151,12 +166,9 @@ def lines(summary: dict[str, Any]) -> list[str]:
     out = [f"perfsuite GPU acceptance ({summary['files_checked']} files checked against SHA256SUMS)",
            *(f"  {line}" for line in summary["machine"][1:])]
     out.append("parts: " + ", ".join(f"{name} rc {p['rc']} ({p['wall_s']} s)" for name, p in summary["parts"].items()))
-    if (g := summary["gate"]) is not None:
-        out.append(f"gate: {g['ran']} of {g['cells']} cells run ({g['ok']} ok), {len(g['not_run'])} not run "
-                   f"(need more GPUs than present); step time: "
-                   + (", ".join(f"{v} {k}" for k, v in sorted(g["step_time"].items())) or "none judged"))
-        out += [f"  not compared, {cell}: {'; '.join(why)}" for cell, why in g["unjudged"].items()]
-        out += [f"  failed, {cell}: {'; '.join(why)}" for cell, why in g["failed"].items()]
+    for name, g in [*summary.get("earlier_gates", {}).items(), ("gate", summary["gate"])]:
+        if g is not None:
+            out += _gate_lines(name, g)
     for cell, conditions in summary["ab"].items():
         out.append(f"ab {cell}: " + "; ".join(f"{condition} -> " + ", ".join(map(_session, sessions))
                                               for condition, sessions in conditions.items()))

@@ -109,3 +109,24 @@ def test_a_folder_that_is_no_acceptance_run_is_said_so(tmp_path, capsys):
     (tmp_path / "x.txt").write_text("x")
     assert acceptance.main([str(tmp_path / "x.txt")]) == 2
     assert "neither a folder nor a tar archive" in capsys.readouterr().err
+
+
+def test_a_gate_run_kept_aside_by_a_later_call_is_read_before_the_latest(run_folder, capsys):
+    latest = run_folder / "gate" / "results.json"
+    shutil.copytree(run_folder / "gate", run_folder / "gate.1")  # a finished run, kept aside
+    cut = json.loads(latest.read_text())
+    cut["run"]["status"] = "interrupted"
+    cut["cells"] = cut["cells"][:1]
+    latest.write_text(json.dumps(cut))
+    names = sorted(f"./{p.relative_to(run_folder)}" for p in run_folder.rglob("*")
+                   if p.is_file() and p.name != "SHA256SUMS")
+    subprocess.run(["sha256sum", *names], cwd=run_folder, check=True,
+                   stdout=(run_folder / "SHA256SUMS").open("w"))
+    assert acceptance.main([str(run_folder)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    earlier = lines.index("gate.1: 3 of 3 cells run (3 ok), 0 not run (need more GPUs than present); "
+                          "step time: 3 same")
+    latest_at = lines.index("gate: 1 of 1 cells run (1 ok), 0 not run (need more GPUs than present); "
+                            "step time: 1 same")
+    assert earlier < latest_at
+    assert lines[latest_at + 1].startswith("  the run is interrupted: the cells after these were not reached")

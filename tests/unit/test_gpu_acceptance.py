@@ -3,6 +3,7 @@ suite offers (cells of the gate tier, options its parsers take), and a run
 cut short by its budget hands back what it finished, with hashes."""
 
 import hashlib
+import json
 import os
 import shlex
 import subprocess
@@ -14,6 +15,7 @@ import pytest
 
 from perfsuite import cells
 from perfsuite.cli.main import build_parser
+from perfsuite.selftest.acceptance import main as acceptance_main
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / ".ci" / "gpu-acceptance"
@@ -124,3 +126,61 @@ def test_a_run_cut_short_by_its_budget_hands_back_what_it_finished(tmp_path, stu
             assert hashlib.sha256(tar.extractfile(name).read()).hexdigest() == digest
     assert "./doctor.log" in names and "./summary.txt" in names
     assert "doctor ran" in (work / "doctor.log").read_text()
+
+
+@pytest.fixture
+def half_stub(tmp_path):
+    """An interpreter that runs no cell but reads files for real: the figures
+    and the script's look at an earlier gate run go to this Python."""
+    stub = tmp_path / "python"
+    stub.write_text('#!/usr/bin/env bash\necho "$@" >> "$STUB_LOG"\n'
+                    f'case "$1 $2" in "-c "*|"-m perfsuite.selftest.acceptance") exec {sys.executable} "$@" ;; esac\n'
+                    'exit 0\n')
+    stub.chmod(0o755)
+    return stub
+
+
+def call(tmp_path, stub, *parts):
+    env = {**os.environ, "PERFSUITE_PYTHON": str(stub), "STUB_LOG": str(tmp_path / "calls"),
+           "OUT": str(tmp_path / "out"), "PERFSUITE_ACCEPTANCE_DIR": str(tmp_path / "work"),
+           "PYTHONPATH": str(ROOT)}
+    return subprocess.run(["bash", str(SCRIPT), *parts], capture_output=True, text=True, env=env, cwd=ROOT)
+
+
+def gate_calls(tmp_path):
+    return [line for line in (tmp_path / "calls").read_text().splitlines() if line.startswith("-m pytest")]
+
+
+@pytest.mark.parametrize("status", ["interrupted", "running"])
+def test_a_gate_run_cut_short_by_an_earlier_call_goes_on_at_the_next(tmp_path, half_stub, status):
+    # as on the H200 (2026-11-28): the first run, recording, was cut at 480 s, and the
+    # next call's gate was refused its non-empty folder
+    gate = tmp_path / "work" / "gate"
+    gate.mkdir(parents=True)
+    (gate / "results.json").write_text(json.dumps({"run": {"status": status}, "cells": []}))
+    call(tmp_path, half_stub, "gate")
+    (command,) = gate_calls(tmp_path)
+    assert f"--perf-out {gate} --perf-resume" in command
+    assert (gate / "results.json").exists() and not (tmp_path / "work" / "gate.1").exists()
+
+
+def test_a_finished_gate_run_is_kept_aside_and_the_next_call_judges_afresh(tmp_path, half_stub):
+    work = tmp_path / "work"
+    for n in (None, 1):  # an earlier kept-aside run stays as it is
+        gate = work / ("gate" if n is None else f"gate.{n}")
+        gate.mkdir(parents=True)
+        (gate / "results.json").write_text(json.dumps({"run": {"status": "complete"}, "cells": [], "n": n}))
+    call(tmp_path, half_stub, "gate")
+    (command,) = gate_calls(tmp_path)
+    assert "--perf-resume" not in command
+    assert json.loads((work / "gate.2" / "results.json").read_text())["n"] is None
+    assert json.loads((work / "gate.1" / "results.json").read_text())["n"] == 1
+
+
+def test_a_second_call_on_the_same_machine_checks_the_first_calls_figures_as_they_were(tmp_path, half_stub):
+    # on the H200 the second call's figures truncated figures.txt before checking it against SHA256SUMS
+    assert call(tmp_path, half_stub, "doctor").returncode == 0
+    call(tmp_path, half_stub, "doctor")
+    figures = (tmp_path / "out" / "figures.txt").read_text()
+    assert figures.startswith("perfsuite GPU acceptance (") and "not the file measured" not in figures
+    assert acceptance_main([str(tmp_path / "out" / "acceptance.tgz")]) == 0
