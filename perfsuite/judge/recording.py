@@ -14,7 +14,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -154,12 +154,19 @@ class RecordPlan:
                          + counted + profiled)
 
 
-def launch_spreads(results: Mapping[str, Any] | list) -> dict[str, launchstats.LaunchSpread]:
+def launch_spreads(results: Mapping[str, Any] | list,
+                   kept: Sequence[Sequence[Sequence[float]]] = ()) -> dict[str, launchstats.LaunchSpread]:
     """The between-launch spread of the run's repeated launches, per launch
-    statistic, pooled over its ok cells (a cell's launches are identical)."""
+    statistic, pooled over its ok cells (a cell's launches are identical) and
+    over ``kept``: the repeated launches of the folder's other cells, so that
+    a runner recording cell by cell (--record-new) pools every cell it
+    recorded rather than keeping the last one's."""
     cells = [c for c in run_cells(results) if c.get("status") == "ok"]
     launches = [((c.get("metrics") or {}).get("step_time") or {}).get("launches") or []
                 for c in cells]
+    if not any(len(group) > 1 for group in launches):
+        return {}  # a run without repeated launches leaves the folder's spread as it was
+    launches += list(kept)
     out = {}
     for statistic in LAUNCH_STATISTICS:
         spread = launchstats.launch_spread([launchstats.launch_values(group, statistic)
@@ -167,6 +174,11 @@ def launch_spreads(results: Mapping[str, Any] | list) -> dict[str, launchstats.L
         if spread.dof >= 1:
             out[statistic] = spread
     return out
+
+
+def _repeated(samples: Any) -> bool:
+    """samples.json keeps a cell's repeated launches apart: a list of lists."""
+    return isinstance(samples, list) and len(samples) > 1 and all(isinstance(x, list) for x in samples)
 
 
 def counter_entries(results: Mapping[str, Any] | list, date: str) -> list[dict[str, Any]]:
@@ -268,8 +280,9 @@ def _plan(results: Mapping[str, Any] | list, profile_id: str, folder: Path, forc
     merged = merged[[c for c in METRIC_COLUMNS if c in merged.columns]]
     keys = set(merged.get("samples_key", []))
     samples = {**{k: v for k, v in (old.samples if old else {}).items() if k in keys}, **samples}
-    spreads = launch_spreads(results)
     retimed = set(new_rows.loc[new_rows["metric"].isin(STEP_METRICS), "cell"]) if not new_rows.empty else set()
+    spreads = launch_spreads(results, [samples[f"{cell}:step_time"] for cell in set(merged["cell"]) - retimed
+                                       if _repeated(samples.get(f"{cell}:step_time"))])
     profiled = profile_entries(run_cells(results), retimed, date)
     profiles = merged_profiles(old.profiles if old else {}, profiled, retimed)
     plan = RecordPlan(folder, merged, samples, diff_tables(old_rows, merged), write, spreads,
@@ -299,7 +312,7 @@ def _plan(results: Mapping[str, Any] | list, profile_id: str, folder: Path, forc
             atomic_write_text(folder / PROFILES_FILE, profiles_json)
         elif (folder / PROFILES_FILE).exists():  # its last cells were recorded again without a profile
             (folder / PROFILES_FILE).unlink()
-        if spreads:  # the newest repeated recording says how launches scatter here
+        if spreads:  # pooled over the cells whose repeated launches the folder keeps
             meta["launch_spread"] = {k: {"log_sd": round(v.log_sd, 5), "dof": v.dof}
                                      for k, v in spreads.items()}
         atomic_write_text(folder / PROFILE_FILE, json.dumps(

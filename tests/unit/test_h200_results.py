@@ -138,3 +138,17 @@ def test_every_one_gpu_cell_of_the_judged_run_now_has_a_step_time_baseline(runs,
         step = judged(cell, judged_run, sets)["step_time"]
         assert step["verdict"] != "skipped" and step.get("missing") is None, (cell["id"], step["message"])
     assert sum(bool(c.get("needs_gpus")) for c in judged_run.values()) == 13
+
+
+def test_a_runner_recording_cell_by_cell_pools_the_spread_of_every_cell_it_recorded(runs, tmp_path):
+    # --perf-record-new records each cell as it finishes; on the H200 the folder's spread was then
+    # the last cell's alone (3 d.o.f.), where recording the run at once pools all five (15)
+    first = by_id(runs["first"])
+    for cell_id in RECORDED:
+        cell = {**first[cell_id], "env": runs["first"]["env"]}
+        assert recording.record_missing(cell, tmp_path) == tmp_path / PROFILE
+    spread = bl.load_profile(tmp_path / PROFILE).launch_spread
+    kept = bl.load_profile(FOLDER).launch_spread
+    for statistic in ("median", "floor"):
+        assert spread[statistic].dof == 15
+        assert spread[statistic].log_sd == pytest.approx(kept[statistic].log_sd, rel=1e-3)
