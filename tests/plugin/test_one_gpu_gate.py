@@ -31,7 +31,8 @@ RUN = json.loads((DAY / "gate-px500-g1.results.json").read_text())
 STORED = {c["id"]: c for c in RUN["cells"]}  # the gate's 500 px fp64, fp32 and pinned fp32 cells
 MULTI_GPU = ["gate/image/ddp-ds/g2/fp32/px500/nopin/nchw", "gate/image/ddp/g4/fp32/px500/nopin/nchw"]
 SLOWED = "gate/image/ddp-ds/g1/fp32/px500/pin/nchw"  # its baseline allows 5 %
-H200 = {"gpu_name": "NVIDIA H200", "gpu_memory_bytes": 150_754_820_096, "torch": "2.14.0+cu130"}
+# a GPU the project holds no baselines of
+B200 = {"gpu_name": "NVIDIA B200", "gpu_memory_bytes": 191_514_640_384, "torch": "2.14.0+cu130"}
 
 
 @pytest.fixture
@@ -111,20 +112,20 @@ def test_a_slowed_cell_is_red(pytester, one_gpu_runner):
 def test_a_new_runner_and_stack_records_first_then_judges(pytester, one_gpu_runner):
     pytester.makepyfile(GATE_TEST)
     own = pytester.path / "runner-baselines"
-    one_gpu_runner(env=H200)
+    one_gpu_runner(env=B200)
     # without recording, nothing can be judged there: red, every time
     unjudged = gate(pytester, "never", "--perf-runner-baselines", str(own))
     assert unjudged.ret == pytest.ExitCode.TESTS_FAILED
-    unjudged.stdout.fnmatch_lines(["*no comparable baseline for step_time on profile h200-140gb-x1*"])
+    unjudged.stdout.fnmatch_lines(["*no comparable baseline for step_time on profile b200-178gb-x1*"])
 
     first = gate(pytester, "first", "--perf-runner-baselines", str(own), "--perf-record-new")
     assert first.ret == pytest.ExitCode.OK  # recorded, and said so: not judged, not red
     first.assert_outcomes(passed=3, skipped=2)
     first.stdout.fnmatch_lines(["*this runner's new baselines: 3 cell(s) had none to be judged against "
-                                f"and were recorded into {own}/h200-140gb-x1*"])
+                                f"and were recorded into {own}/b200-178gb-x1*"])
     recorded = checks(pytester, "first")
     assert {recorded[c]["step_time"]["verdict"] for c in STORED} == {"skipped"}
-    assert {recorded[c]["step_time"]["recorded"] for c in STORED} == {str(own / "h200-140gb-x1")}
+    assert {recorded[c]["step_time"]["recorded"] for c in STORED} == {str(own / "b200-178gb-x1")}
     summary = (pytester.path / "first" / "report.html").read_text()
     assert "had no baseline on this runner and were recorded as its own" in summary
 
@@ -136,7 +137,7 @@ def test_a_new_runner_and_stack_records_first_then_judges(pytester, one_gpu_runn
     assert not any(k.get("recorded") or k.get("missing") for c in judged.values() for k in c.values())
     assert "this runner's new baselines" not in second.stdout.str()
 
-    one_gpu_runner(env=H200, slow={SLOWED: 1.10})
+    one_gpu_runner(env=B200, slow={SLOWED: 1.10})
     slowed = gate(pytester, "third", "--perf-runner-baselines", str(own), "--perf-record-new")
     assert slowed.ret == pytest.ExitCode.TESTS_FAILED
     assert checks(pytester, "third")[SLOWED]["step_time"]["verdict"] == "regressed"
