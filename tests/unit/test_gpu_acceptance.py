@@ -184,3 +184,19 @@ def test_a_second_call_on_the_same_machine_checks_the_first_calls_figures_as_the
     figures = (tmp_path / "out" / "figures.txt").read_text()
     assert figures.startswith("perfsuite GPU acceptance (") and "not the file measured" not in figures
     assert acceptance_main([str(tmp_path / "out" / "acceptance.tgz")]) == 0
+
+
+def test_prepare_works_in_a_checkout_without_git_info_and_builds_perfsuite_in_isolation(tmp_path, stub_python):
+    # seen 2026-11-28: a clone without .git/info stopped --prepare at its exclude line, and the
+    # wheel built without isolation by an interpreter whose setuptools predates PEP 639 failed
+    (tmp_path / ".ci").mkdir()
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".ci" / "gpu-acceptance").write_bytes(SCRIPT.read_bytes())
+    env = {**os.environ, "PERFSUITE_PYTHON": str(stub_python), "STUB_LOG": str(tmp_path / "calls")}
+    done = subprocess.run(["bash", str(tmp_path / ".ci" / "gpu-acceptance"), "--prepare"],
+                          capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "/.whl/" in (tmp_path / ".git" / "info" / "exclude").read_text().splitlines()
+    download, wheel = (tmp_path / "calls").read_text().splitlines()
+    assert download.startswith("-m pip download") and "torchtune==0.6.1" in download
+    assert wheel.split() == ["-m", "pip", "wheel", "--quiet", "--no-deps", ".", "-w", ".whl"]
