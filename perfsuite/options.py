@@ -37,6 +37,10 @@ PYTEST_PREFIX = "--perf-"
 # step of its shortest sequences.
 DEFAULT_LAUNCH_STATISTIC = "median"
 LAUNCH_STATISTICS = ("median", "floor")  # perfsuite.stats.launches.LAUNCH_STATISTICS (a test checks)
+# Repeated launches (d.o.f. of their pooled spread) before recording judges a
+# folder whose launch statistic nobody set by the steadier of the two: two
+# cells of perfsuite.judge.recording.RECORD_LAUNCHES launches.
+STEADIER_DOF = 6
 LAUNCH_STATISTIC_HELP = ("what each launch contributes to a step-time verdict: its median step, or its floor "
                          "(fastest step), for a shared machine whose neighbours only ever add time")
 

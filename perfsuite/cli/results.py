@@ -223,8 +223,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="write into a folder of another hardware profile")
     p.add_argument("--dry-run", action="store_true", help="show the difference, write nothing")
     p.add_argument("--launch-statistic", choices=options.LAUNCH_STATISTICS,
-                   help=options.LAUNCH_STATISTIC_HELP + "; kept in the folder's profile.json (default: as it is "
-                   f"there, {options.DEFAULT_LAUNCH_STATISTIC} for a new folder)")
+                   help=options.LAUNCH_STATISTIC_HELP + "; kept in the folder's profile.json (default: as set "
+                   "there by hand; else the steadier of the two once the folder's repeated launches show both "
+                   f"over {options.STEADIER_DOF} d.o.f., {options.DEFAULT_LAUNCH_STATISTIC} before)")
     p.add_argument("--json", action="store_true",
                    help="print the folder, the rows that changed and the launch spread as JSON")
     p.set_defaults(func=cmd_baseline_record)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import json
 import tarfile
 from pathlib import Path
 
@@ -166,3 +167,24 @@ def test_a_runner_recording_cell_by_cell_pools_the_spread_of_every_cell_it_recor
     for statistic in ("median", "floor"):
         assert spread[statistic].dof == 15
         assert spread[statistic].log_sd == pytest.approx(kept[statistic].log_sd, rel=1e-3)
+
+
+def test_a_runners_own_folder_takes_the_steadier_launch_statistic_once_its_spread_is_known(runs, tmp_path):
+    # the first run's cells, recorded one by one as --perf-record-new does: after one cell (3 d.o.f.)
+    # the folder keeps the default, medians; from two cells on it judges by the steadier, floors
+    first = by_id(runs["first"])
+    folder = tmp_path / PROFILE
+    statistics = []
+    for cell_id in RECORDED:
+        recording.record_missing({**first[cell_id], "env": runs["first"]["env"]}, tmp_path)
+        statistics.append(bl.load_profile(folder).launch_statistic)
+    assert statistics == ["median", "floor", "floor", "floor", "floor"]
+    chosen = json.loads((folder / "profile.json").read_text())["launch_statistic_chosen"]
+    assert chosen.startswith("floor: the steadier over 15 d.o.f. (floors 1.2 %, medians 3.8 %)")
+
+
+def test_a_launch_statistic_set_by_hand_is_kept(runs, tmp_path):
+    recording.record_run(runs["first"], PROFILE, root=tmp_path, launch_statistic="median")
+    recording.record_run(runs["first"], PROFILE, root=tmp_path)
+    profile = json.loads((tmp_path / PROFILE / "profile.json").read_text())
+    assert profile["launch_statistic"] == "median" and "launch_statistic_chosen" not in profile
