@@ -383,18 +383,25 @@ def measure_ab_detection(trials: int = 20, cell_id: str = DEFAULT_CELL, steps: i
     work = Path(work_dir or tempfile.mkdtemp(prefix="perfsuite-ab-detection-"))
     settings = {"cell": cell.id, "tolerance": tolerance, "fault_kind": fault_kind, "mode": mode,
                 "conditions": list(conditions), "resident": resident or {}}
-    # kept as they end: --resume goes on from the trials a stopped run left
+    # kept as each session ends (a trial cut between its sessions is "partial"):
+    # --resume goes on from the sessions a stopped run left
     records = _earlier_trials(work / "ab-detection.json", settings, resume, key="trials")
+    if records and records[-1].get("partial"):
+        record = {k: v for k, v in records.pop().items() if k != "partial"}
+    else:
+        record = {"trial": len(records), "conditions": {}}
     for trial in range(len(records), trials):
-        record: dict[str, Any] = {"trial": trial, "conditions": {}}
-        for name in conditions:
+        record = record if record["trial"] == trial else {"trial": trial, "conditions": {}}
+        for name in (n for n in conditions if n not in record["conditions"]):
             judged = run_ab_session(cell, work / f"trial{trial}" / _label(name), faults.get(name),
                                     tolerance=tolerance, max_launches=max_launches, mode=mode,
                                     resident=resident)
             record["conditions"][name] = judged
             log(f"trial {trial + 1}/{trials} {name:<9} -> {session_line(judged)}")
+            done = len(record["conditions"]) == len(conditions)
+            atomic_write_json(work / "ab-detection.json", {**settings, "trials": [
+                *records, {**record, **({} if done else {"partial": True})}]})
         records.append(record)
-        atomic_write_json(work / "ab-detection.json", {**settings, "trials": records})
     called = {name: Counter(r["conditions"][name]["verdict"] for r in records)
               for name in conditions}
     return {"cell": cell.id, "steps": steps, "max_launches": max_launches, "tolerance": tolerance,

@@ -346,6 +346,39 @@ def test_the_ab_detection_benchmark_goes_on_from_the_trials_a_stopped_run_left(t
     assert all(line.startswith("trial 2/2") for line in lines if line.startswith("trial"))  # trial 1 kept
 
 
+def test_an_ab_detection_trial_cut_between_its_sessions_keeps_the_finished_one(tmp_path, monkeypatch):
+    """A session ends with its record kept: a run cut in its trial's second
+    session (a GPU call's time limit) hands back the first, and --resume
+    measures only the sessions the trial lacks."""
+    from perfsuite.selftest import detection
+
+    fake_launches(monkeypatch)
+    measured = []
+    real = detection.run_ab_session
+
+    def cut_at_the_second(cell, out, fault, **kwargs):
+        if len(measured) == 1:
+            raise KeyboardInterrupt  # the time limit's SIGTERM, as the CLI sees it
+        measured.append(out.name)
+        return real(cell, out, fault, **kwargs)
+
+    monkeypatch.setattr(detection, "run_ab_session", cut_at_the_second)
+    quiet = {"work_dir": tmp_path, "mode": "launches", "tolerance": 0.05, "log": lambda line: None,
+             "slowdowns": (0.02,)}
+    with pytest.raises(KeyboardInterrupt):
+        detection.measure_ab_detection(trials=1, **quiet)
+    (kept,) = json.loads((tmp_path / "ab-detection.json").read_text())["trials"]
+    assert kept["partial"] and list(kept["conditions"]) == ["unchanged"]
+    monkeypatch.setattr(detection, "run_ab_session", real)
+    lines = []
+    out = detection.measure_ab_detection(trials=1, resume=True, **{**quiet, "log": lines.append})
+    (trial,) = json.loads((tmp_path / "ab-detection.json").read_text())["trials"]
+    assert list(trial["conditions"]) == ["unchanged", "slow 2%"] and "partial" not in trial
+    assert trial["conditions"]["unchanged"] == kept["conditions"]["unchanged"]
+    assert [line.split()[2] for line in lines if line.startswith("trial")] == ["slow"]
+    assert out["trials"] == 1 and sum(out["verdicts"]["unchanged"].values()) == 1
+
+
 def test_the_detection_benchmark_takes_its_slowdowns_and_window_settings(tmp_path, monkeypatch):
     """`selftest verdict-detection --ab --slowdowns 0.02 --quads 8`: the
     conditions are unchanged and 2 %, and every session gets the settings."""

@@ -68,6 +68,7 @@ def test_the_gpu_halves_of_attribution_and_error_rates_run_on_the_quiet_cell_wit
     assert args.resume and args.fault_kind == "auto"  # gpu-sleep on a CUDA cell
     (ab, *_) = dry_run("ab")["ab"]
     assert args.quads == parser.parse_args(ab[3:]).quads  # the A/B part's windows
+    assert all(parser.parse_args(argv[3:]).resume for argv in dry_run("ab")["ab"])  # a cut part goes on
 
 
 def test_its_perfsuite_commands_parse():
