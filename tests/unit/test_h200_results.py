@@ -188,3 +188,16 @@ def test_a_launch_statistic_set_by_hand_is_kept(runs, tmp_path):
     recording.record_run(runs["first"], PROFILE, root=tmp_path)
     profile = json.loads((tmp_path / PROFILE / "profile.json").read_text())
     assert profile["launch_statistic"] == "median" and "launch_statistic_chosen" not in profile
+
+
+def test_baseline_record_says_which_statistic_it_chose_and_why(runs, tmp_path, capsys):
+    from perfsuite.cli.main import main
+
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps(runs["first"]))
+    assert main(["baseline", "record", str(results), "--baselines", str(tmp_path / "b"), "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["launch_statistic_chosen"].startswith("floor: the steadier over 15 d.o.f.")
+    assert main(["baseline", "record", str(results), "--baselines", str(tmp_path / "c"),
+                 "--launch-statistic", "median"]) == 0
+    assert "launch statistic" not in capsys.readouterr().out  # set by hand: nothing chosen
