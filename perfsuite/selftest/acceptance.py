@@ -117,7 +117,8 @@ def results_of(folder: Path) -> list[dict[str, Any]]:
     run = _json(folder / "results.json") or {}
     return [{"id": c["id"], "status": c.get("status"), "reason": c.get("reason"),
              "profile": (c.get("profile") or {}).get("source"),
-             "failed": [f"{k['name']}: {k.get('message')}" for k in failures(c)]}
+             "failed": [f"{k['name']}: {k.get('message')}" for k in failures(c)],
+             "unjudged": unjudged(c)}
             for c in run.get("cells", [])]
 
 
@@ -178,6 +179,7 @@ def lines(summary: dict[str, Any]) -> list[str]:
             why = f" ({cell['reason']})" if cell["reason"] else ""
             out.append(f"{part} {cell['id']}: {cell['status']}{why}{extra}"
                        + "".join(f"; failed {f}" for f in cell["failed"]))
+            out += [f"  not compared: {line}" for line in cell.get("unjudged", [])]
     if summary["attribution"]:
         out.append(f"attribution ({summary['attribution']['cell']}, {summary['attribution']['steps']} steps a launch):")
         out += [f"  {line}" for line in attribution_lines(summary["attribution"])]

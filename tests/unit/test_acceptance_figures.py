@@ -130,3 +130,20 @@ def test_a_gate_run_kept_aside_by_a_later_call_is_read_before_the_latest(run_fol
                             "step time: 1 same")
     assert earlier < latest_at
     assert lines[latest_at + 1].startswith("  the run is interrupted: the cells after these were not reached")
+
+
+def test_an_llm_cell_that_compared_nothing_says_what_it_lacked(run_folder, capsys):
+    # the llm part runs one launch without recording: on a GPU without LLM baselines its step
+    # time is not compared, and the figures say so (the H100's first day, before its folder)
+    day = json.loads((DATA / "h100-2026-11-25" / "gate-llm-g1.results.json").read_text())
+    dpo = next(c for c in day["cells"] if c["id"] == "gate/llm/dpo/stack_exchange_paired/g1/bf16/nopin")
+    (run_folder / "llm").mkdir()
+    (run_folder / "llm" / "results.json").write_text(json.dumps({**day, "cells": [dpo]}))
+    names = sorted(f"./{p.relative_to(run_folder)}" for p in run_folder.rglob("*")
+                   if p.is_file() and p.name != "SHA256SUMS")
+    subprocess.run(["sha256sum", *names], cwd=run_folder, check=True,
+                   stdout=(run_folder / "SHA256SUMS").open("w"))
+    assert acceptance.main([str(run_folder)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    at = lines.index(f"llm {dpo['id']}: ok")
+    assert lines[at + 1].startswith("  not compared: step_time: no comparable baseline")

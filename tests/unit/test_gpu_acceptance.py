@@ -201,3 +201,10 @@ def test_prepare_works_in_a_checkout_without_git_info_and_builds_perfsuite_in_is
     download, wheel = (tmp_path / "calls").read_text().splitlines()
     assert download.startswith("-m pip download") and "torchtune==0.6.1" in download
     assert wheel.split() == ["-m", "pip", "wheel", "--quiet", "--no-deps", ".", "-w", ".whl"]
+
+
+def test_the_llm_part_is_one_launch_of_one_cell_never_a_four_launch_recording():
+    # an 8B cell's launch takes 1.5-2 min: four, as --perf-record-new makes of a cell without
+    # baselines (the H200 has no LLM ones), would outlast the part
+    (llm,) = dry_run("llm")["llm"]
+    assert llm.count("--perf-cell") == 1 and "--perf-record-new" not in llm and "--perf-repeats" not in llm
