@@ -386,12 +386,10 @@ def measure_ab_detection(trials: int = 20, cell_id: str = DEFAULT_CELL, steps: i
     # kept as each session ends (a trial cut between its sessions is "partial"):
     # --resume goes on from the sessions a stopped run left
     records = _earlier_trials(work / "ab-detection.json", settings, resume, key="trials")
-    if records and records[-1].get("partial"):
-        record = {k: v for k, v in records.pop().items() if k != "partial"}
-    else:
-        record = {"trial": len(records), "conditions": {}}
-    for trial in range(len(records), trials):
-        record = record if record["trial"] == trial else {"trial": trial, "conditions": {}}
+    kept = records.pop()["conditions"] if records and records[-1].get("partial") else {}
+    first = len(records)
+    for trial in range(first, trials):
+        record: dict[str, Any] = {"trial": trial, "conditions": kept if trial == first else {}}
         for name in (n for n in conditions if n not in record["conditions"]):
             judged = run_ab_session(cell, work / f"trial{trial}" / _label(name), faults.get(name),
                                     tolerance=tolerance, max_launches=max_launches, mode=mode,
