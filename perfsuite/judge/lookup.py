@@ -132,7 +132,7 @@ class Expectation:
         return bool(self.samples) or any(x is not None for x in (self.value, self.low, self.high))
 
 
-def _samples_of(entry: Any) -> tuple[tuple[float, ...], tuple[tuple[float, ...], ...]]:
+def samples_of(entry: Any) -> tuple[tuple[float, ...], tuple[tuple[float, ...], ...]]:
     """A samples.json entry: one launch's samples, or a list of launches'.
     Returns the pooled samples and the launches (none for a single launch)."""
     if not entry:
@@ -160,7 +160,7 @@ def _from_rows(rows: pd.DataFrame, bset: BaselineSet, metric: str, reference: st
     return Expectation(
         metric, value, max(lows) if lows else None, min(highs) if highs else None, tol,
         first.get("better") or ("higher" if metric in HIGHER_IS_BETTER else "lower"),
-        first.get("unit", ""), *_samples_of(bset.samples.get(first.get("samples_key") or "")),
+        first.get("unit", ""), *samples_of(bset.samples.get(first.get("samples_key") or "")),
         bset.launch_statistic, bset.launch_spread.get(bset.launch_statistic), reference,
         "; ".join(dict.fromkeys(r["source"] for r in records)),
         bset.path.name, tuple(r["id"] for r in records),

@@ -56,6 +56,7 @@ from perfsuite.judge.baselines import (
     run_cells,
     run_profile,
 )
+from perfsuite.judge.lookup import samples_of
 from perfsuite.stats import launches as launchstats
 from perfsuite.system.atomic import atomic_write_text
 from perfsuite.system.locking import FolderLock, LockBusy
@@ -157,7 +158,6 @@ class RecordPlan:
                          + counted + profiled)
 
 
-
 def steadier(spreads: Mapping[str, launchstats.LaunchSpread]) -> tuple[str, str] | None:
     """The launch statistic whose launches scatter less, and why; None until
     both are known over options.STEADIER_DOF d.o.f. (on one H200 the pageable cells'
@@ -192,11 +192,6 @@ def launch_spreads(results: Mapping[str, Any] | list,
         if spread.dof >= 1:
             out[statistic] = spread
     return out
-
-
-def _repeated(samples: Any) -> bool:
-    """samples.json keeps a cell's repeated launches apart: a list of lists."""
-    return isinstance(samples, list) and len(samples) > 1 and all(isinstance(x, list) for x in samples)
 
 
 def counter_entries(results: Mapping[str, Any] | list, date: str) -> list[dict[str, Any]]:
@@ -299,8 +294,8 @@ def _plan(results: Mapping[str, Any] | list, profile_id: str, folder: Path, forc
     keys = set(merged.get("samples_key", []))
     samples = {**{k: v for k, v in (old.samples if old else {}).items() if k in keys}, **samples}
     retimed = set(new_rows.loc[new_rows["metric"].isin(STEP_METRICS), "cell"]) if not new_rows.empty else set()
-    spreads = launch_spreads(results, [samples[f"{cell}:step_time"] for cell in set(merged["cell"]) - retimed
-                                       if _repeated(samples.get(f"{cell}:step_time"))])
+    spreads = launch_spreads(results, [samples_of(samples.get(f"{cell}:step_time"))[1]  # () for one launch
+                                       for cell in set(merged["cell"]) - retimed])
     profiled = profile_entries(run_cells(results), retimed, date)
     profiles = merged_profiles(old.profiles if old else {}, profiled, retimed)
     meta = read_json(folder / PROFILE_FILE) if old else {"aliases": []}
@@ -311,8 +306,7 @@ def _plan(results: Mapping[str, Any] | list, profile_id: str, folder: Path, forc
             chosen := steadier(spreads)):
         meta["launch_statistic"], meta["launch_statistic_chosen"] = chosen
     plan = RecordPlan(folder, merged, samples, diff_tables(old_rows, merged), write, spreads,
-                      len(counted), len(profiled),
-                      meta.get("launch_statistic_chosen", "") if not launch_statistic else "")
+                      len(counted), len(profiled), meta.get("launch_statistic_chosen", ""))
     old_counters = read_json(folder / COUNTERS_FILE)["entries"] if old and old.counters else []
     counters_text = _merged_counters(old_counters, counted) if counted else None
     # Checked as the folder's next load will check them, before anything is

@@ -33,6 +33,14 @@ def session(name: str, seconds: float) -> dict:
             "detectable": 0.0123, "seconds": seconds}
 
 
+def summed(folder: Path) -> list[str]:
+    """Write folder/SHA256SUMS over its other files, as the script's hand_back; their names."""
+    names = sorted(f"./{p.relative_to(folder)}" for p in folder.rglob("*")
+                   if p.is_file() and p.name != "SHA256SUMS")
+    subprocess.run(["sha256sum", *names], cwd=folder, check=True, stdout=(folder / "SHA256SUMS").open("w"))
+    return names
+
+
 @pytest.fixture
 def run_folder(tmp_path, monkeypatch):
     """An acceptance run's folder, as the script leaves it."""
@@ -55,9 +63,7 @@ def run_folder(tmp_path, monkeypatch):
         "NVIDIA H200, 143771 MiB, 580.159.04, 00000000:00:06.0\n"
         "python 3.12.3 torch 2.11.0+cu130 cuda 13.0 gpus 1\n"
         "part rc wall_s\ndoctor 0 21\ngate 0 233\nab 0 291\nattribution 0 160\nrates not-run 0 (budget spent)\n")
-    # as hand_back: every file's sum, then the archive
-    names = sorted(f"./{p.relative_to(work)}" for p in work.rglob("*") if p.is_file())
-    subprocess.run(["sha256sum", *names], cwd=work, check=True, stdout=(work / "SHA256SUMS").open("w"))
+    names = summed(work)  # as hand_back: every file's sum, then the archive
     with tarfile.open(tmp_path / "acceptance.tgz", "w:gz") as tar:
         for name in [*names, "./SHA256SUMS"]:
             tar.add(work / name, arcname=name)
@@ -118,10 +124,7 @@ def test_a_gate_run_kept_aside_by_a_later_call_is_read_before_the_latest(run_fol
     cut["run"]["status"] = "interrupted"
     cut["cells"] = cut["cells"][:1]
     latest.write_text(json.dumps(cut))
-    names = sorted(f"./{p.relative_to(run_folder)}" for p in run_folder.rglob("*")
-                   if p.is_file() and p.name != "SHA256SUMS")
-    subprocess.run(["sha256sum", *names], cwd=run_folder, check=True,
-                   stdout=(run_folder / "SHA256SUMS").open("w"))
+    summed(run_folder)
     assert acceptance.main([str(run_folder)]) == 0
     lines = capsys.readouterr().out.splitlines()
     earlier = lines.index("gate.1: 3 of 3 cells run (3 ok), 0 not run (need more GPUs than present); "
@@ -139,10 +142,7 @@ def test_an_llm_cell_that_compared_nothing_says_what_it_lacked(run_folder, capsy
     dpo = next(c for c in day["cells"] if c["id"] == "gate/llm/dpo/stack_exchange_paired/g1/bf16/nopin")
     (run_folder / "llm").mkdir()
     (run_folder / "llm" / "results.json").write_text(json.dumps({**day, "cells": [dpo]}))
-    names = sorted(f"./{p.relative_to(run_folder)}" for p in run_folder.rglob("*")
-                   if p.is_file() and p.name != "SHA256SUMS")
-    subprocess.run(["sha256sum", *names], cwd=run_folder, check=True,
-                   stdout=(run_folder / "SHA256SUMS").open("w"))
+    summed(run_folder)
     assert acceptance.main([str(run_folder)]) == 0
     lines = capsys.readouterr().out.splitlines()
     at = lines.index(f"llm {dpo['id']}: ok")
