@@ -123,6 +123,7 @@ class Runner:
         self.resume, self.overwrite = resume, overwrite
         self.on_notice = on_notice or (lambda line: None)
         self._sets: list | None = None
+        self._spread_wanted: set[str] = set()  # cells launched again for their launch kind's spread
         self._results: dict[str, dict[str, Any]] = {}
         self._finished: dict[str, dict[str, Any]] = {}
         self._earlier_cells: list[dict[str, Any]] = []
@@ -326,6 +327,8 @@ class Runner:
         from perfsuite.judge.recording import RECORD_LAUNCHES, lacks_time_baseline
 
         if self.record_new and self.repeats < RECORD_LAUNCHES and lacks_time_baseline(result):
+            if any(c.get("missing") == "spread" for c in result["checks"]):  # judged below, then recorded
+                self._spread_wanted.add(cell.id)
             launches = launches or [result]
             launches += [launching.run_cell(cell, self.out_dir / f"launch{k}", self.launch)
                          for k in range(len(launches), RECORD_LAUNCHES)]
@@ -361,16 +364,16 @@ class Runner:
         if self.record_new and not result.get("partner"):  # a failure is said on its checks
             from perfsuite.judge.recording import record_missing
 
-            record_missing(result, self.runner_baselines)
+            if record_missing(result, self.runner_baselines, spread=result.get("id") in self._spread_wanted):
+                self._sets = None  # read again: a later cell of its kind is judged with the spread it gave
 
     def add_to_history(self, url: str | None, interrupted: bool = False, *, commit: str | None = None,
                        branch: str | None = None) -> str | None:
-        """Keep this run in the history at ``url`` (None: $PERFSUITE_HISTORY,
-        else the default SQLite file; "off": none), marked with its purpose
-        (``perfsuite.history.purpose.run_purpose``: its workload options, output folder,
-        and ``history_purpose`` when one was asked for); the line saying where
-        and how, or why it was not kept. ``commit``, ``branch``: what it is stored
-        under (default: git's here, the commit then the run's env)."""
+        """Keep this run in the history at ``url`` (None: $PERFSUITE_HISTORY, else the default
+        SQLite file; "off": none), marked with its purpose (``perfsuite.history.purpose.run_purpose``:
+        its workload options, output folder, and ``history_purpose`` when one was asked for); the
+        line saying where and how, or why it was not kept. ``commit``, ``branch``: what it is
+        stored under (default: git's here, the commit then the run's env)."""
         from perfsuite.history.schema import history_off
 
         marked = self.finish(interrupted)
@@ -400,10 +403,9 @@ class Runner:
         return self.history_unwritten
 
     def finish(self, interrupted: bool = False) -> str | None:
-        """Mark results.json at the session's end: run.status "complete", or
-        "interrupted" (Ctrl-C, SIGTERM), which ``perfsuite history add``
-        refuses until --resume finishes the run. Called by ``add_to_history``,
-        which both runners call at the end; None, or why it was not marked."""
+        """Mark results.json at the session's end: run.status "complete", or "interrupted" (Ctrl-C,
+        SIGTERM), which ``perfsuite history add`` refuses until --resume finishes the run. Called
+        by ``add_to_history``, which both runners call at the end; None, or why it was not marked."""
         if self._file is None or not self._file.path.exists():
             return None
         self._file.data["run"]["status"] = "interrupted" if interrupted else "complete"

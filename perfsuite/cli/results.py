@@ -72,7 +72,8 @@ def cmd_baseline_record(args: argparse.Namespace) -> int:
                          "ratio": _finite(r.ratio)}
                         for r in plan.diff.itertuples() if r.change != "same"],
             "unchanged": int((plan.diff["change"] == "same").sum()),
-            "launch_spread": {k: v.to_dict() for k, v in plan.launch_spreads.items()},
+            "launch_spread": {kind: {k: v.to_dict() for k, v in entries.items()}
+                              for kind, entries in plan.launch_spreads.items()},
             "launch_statistic_chosen": plan.chosen or None,
             "counted_cells": plan.counted_cells, "profiled_cells": plan.profiled_cells})
     else:

@@ -38,6 +38,7 @@ from perfsuite.history.changes import DEFAULT_MAX_PVALUE, DEFAULT_WINDOW, find_c
 from perfsuite.history.rows import run_key, run_options
 from perfsuite.history.schema import runs
 from perfsuite.history.store import History, HistoryError, Point, run_purpose
+from perfsuite.judge.spreads import ANY_KIND, parse_spreads
 from perfsuite.stats.launches import LAUNCH_STATISTICS
 
 TARGETS = {"step": 19 / 20, "unchanged": 1 / 20, "drift": 16 / 20}
@@ -267,17 +268,19 @@ def _from_spread(baselines: Path, statistic: str) -> Noise | None:
     best = None
     for folder in _profile_dirs(baselines):
         try:
-            spread = json.loads((folder / "profile.json").read_text()).get("launch_spread") or {}
+            spreads = parse_spreads(json.loads((folder / "profile.json").read_text()).get("launch_spread"),
+                                    tuple(LAUNCH_STATISTICS))
         except (OSError, ValueError):
             continue
-        entry = spread.get(statistic)
-        if entry and entry.get("log_sd") and (best is None or entry.get("dof", 0) > best[1].get("dof", 0)):
-            best = (folder.name, entry)
+        for kind, entries in spreads.items():  # the best measured kind
+            entry = entries.get(statistic)
+            if entry and entry.log_sd and (best is None or entry.dof > best[2].dof):
+                best = (folder.name, kind, entry)
     if best is None:
         return None
-    return Noise(source=f"the launch_spread of launch {statistic}s recorded in baselines/{best[0]}/"
-                        f"profile.json (dof {best[1].get('dof')})", statistic=statistic,
-                 sd=float(best[1]["log_sd"]))
+    kind = "" if best[1] == ANY_KIND else f"{best[1]} "
+    return Noise(source=f"the launch_spread of {kind}launch {statistic}s recorded in baselines/{best[0]}/"
+                        f"profile.json (dof {best[2].dof})", statistic=statistic, sd=float(best[2].log_sd))
 
 
 def load_noise(runs_dir: Path | str = ".perfsuite", baselines: Path | str = "baselines",

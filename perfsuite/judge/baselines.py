@@ -23,6 +23,7 @@ import pandas as pd
 
 from perfsuite import hardware
 from perfsuite.judge.baseline_profiles import PROFILES_FILE, parse_profiles
+from perfsuite.judge.spreads import Spreads, parse_spreads
 from perfsuite.stats import launches as launchstats
 
 FORMAT = "perfsuite.baselines/1"
@@ -258,8 +259,8 @@ class BaselineSet:  # one folder: its profile.json facts and its tables
     findings: pd.DataFrame
     samples: dict[str, list[float]] = field(default_factory=dict)
     launch_statistic: str = launchstats.DEFAULT_LAUNCH_STATISTIC  # what a launch gives a launch-level verdict
-    # between-launch spread of launch values seen when recording, per statistic
-    launch_spread: dict[str, launchstats.LaunchSpread] = field(default_factory=dict)
+    # between-launch spread of launch values seen when recording, per launch kind and statistic
+    launch_spread: Spreads = field(default_factory=dict)
     counters: tuple[CounterBaseline, ...] = ()  # work counters, portable across hardware
     profiles: dict[str, dict] = field(default_factory=dict)  # cell id -> {"summary": its profile, ...}
 
@@ -384,22 +385,6 @@ def _at_most_20(problems: list[str]) -> list[str]:
     return problems[:20] + [f"... and {len(problems) - 20} more"] * (len(problems) > 20)
 
 
-def _launch_spread(data: Any) -> dict[str, launchstats.LaunchSpread]:
-    """profile.json's ``launch_spread``: {statistic: {"log_sd": s, "dof": n}}."""
-    out = {}
-    for statistic, entry in (data or {}).items():
-        try:
-            spread = launchstats.LaunchSpread(float(entry["log_sd"]), int(entry["dof"]))
-        except (KeyError, TypeError, ValueError):
-            spread = None
-        if (statistic not in LAUNCH_STATISTICS or spread is None or spread.dof < 1
-                or not math.isfinite(spread.log_sd) or spread.log_sd < 0):
-            raise BaselineError(f"'launch_spread' entry {statistic!r}: write {{\"log_sd\": <s.d. of log launch "
-                                f"values>, \"dof\": <n>}} under a statistic among {LAUNCH_STATISTICS}")
-        out[statistic] = spread
-    return out
-
-
 def load_profile(path: Path | str) -> BaselineSet:
     """One folder, validated."""
     data = read_json(file := (path := Path(path)) / PROFILE_FILE)
@@ -411,8 +396,8 @@ def load_profile(path: Path | str) -> BaselineSet:
         (data.get("launch_statistic", launchstats.DEFAULT_LAUNCH_STATISTIC) not in LAUNCH_STATISTICS,
          f"'launch_statistic' must be one of {LAUNCH_STATISTICS}")) if bad]
     try:
-        spread = _launch_spread(data.get("launch_spread"))
-    except BaselineError as err:
+        spread = parse_spreads(data.get("launch_spread"), LAUNCH_STATISTICS)
+    except ValueError as err:
         problems.append(str(err))
     if problems:
         raise BaselineError(f"{file}: " + "; ".join(problems))

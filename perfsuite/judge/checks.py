@@ -58,8 +58,9 @@ class Verdict:
     message: str = ""
     cell: str | None = None
     # a skip for want of a baseline: "baseline" (none on this hardware for this
-    # metric), "counters" (none for this software stack); what a run that
-    # records its runner's baselines records (perfsuite.judge.recording.record_missing)
+    # metric), "counters" (none for this software stack), or an `unknown` for
+    # want of a between-launch spread of the cell's launch kind ("spread"); what a
+    # run that records its runner's baselines records (perfsuite.judge.recording.record_missing)
     missing: str | None = None
 
     def __post_init__(self) -> None:
@@ -115,7 +116,7 @@ def _from_comparison(name: str, metric: str, unit: str, cmp: Comparison,
                f"ratio {cmp.ratio:.4g} ({conf}{ci})" + (f"; {cmp.reason}" if cmp.reason else ""))
     return Verdict(name, cmp.verdict, observed, expected, cmp.ratio, cmp.ci_low, cmp.ci_high,
                    cmp.confidence, cmp.p_value, cmp.tolerance, metric, unit, source or None,
-                   message, cell)
+                   message, cell, missing="spread" if cmp.reason == launchstats.DRIFT_UNKNOWN else None)
 
 
 class StepTimeNotRegressed:

@@ -30,6 +30,7 @@ from perfsuite.judge.baselines import (
     norm,
     parse_reference,
 )
+from perfsuite.judge.spreads import ANY_KIND, Spreads, spread_for
 from perfsuite.stats import launches as launchstats
 
 
@@ -143,8 +144,10 @@ def samples_of(entry: Any) -> tuple[tuple[float, ...], tuple[tuple[float, ...], 
     return tuple(float(x) for x in entry), ()
 
 
-def _from_rows(rows: pd.DataFrame, bset: BaselineSet, metric: str, reference: str) -> Expectation:
-    """One expectation from matching rows; repeated measurements widen the tolerance."""
+def _from_rows(rows: pd.DataFrame, bset: BaselineSet, metric: str, reference: str,
+               spread: launchstats.LaunchSpread | None) -> Expectation:
+    """One expectation from matching rows, judged with ``spread`` (its launch
+    kind's); repeated measurements widen the tolerance."""
     records = rows.to_dict("records")
     if any(r.get("samples_key") for r in records):  # recorded: the newest row, with samples
         records = [max((r for r in records if r.get("samples_key")),
@@ -161,26 +164,38 @@ def _from_rows(rows: pd.DataFrame, bset: BaselineSet, metric: str, reference: st
         metric, value, max(lows) if lows else None, min(highs) if highs else None, tol,
         first.get("better") or ("higher" if metric in HIGHER_IS_BETTER else "lower"),
         first.get("unit", ""), *samples_of(bset.samples.get(first.get("samples_key") or "")),
-        bset.launch_statistic, bset.launch_spread.get(bset.launch_statistic), reference,
+        bset.launch_statistic, spread, reference,
         "; ".join(dict.fromkeys(r["source"] for r in records)),
         bset.path.name, tuple(r["id"] for r in records),
         profile=(bset.profiles.get(first.get("cell") or "") or {}).get("summary"),
         commit=str(first.get("commit") or "") if first.get("samples_key") else "")
 
 
+def profile_spreads(bset: BaselineSet, sets: list[BaselineSet]) -> Spreads:
+    """The launch spreads of ``bset``'s hardware profile, per kind: its own,
+    else another recorded folder's of the same profile (a runner's own
+    baselines beside the project's: launches of one kind on one hardware
+    scatter alike whichever folder recorded them)."""
+    others = [s.launch_spread for s in sets if s is not bset and s.kind == "recorded"
+              and s.hardware == bset.hardware]
+    return {kind: entries for spreads in [*others, bset.launch_spread] for kind, entries in spreads.items()
+            if kind != ANY_KIND or spreads is bset.launch_spread}
+
+
 def _candidates(bset: BaselineSet, params: Mapping[str, Any], metric: str,
-                reference: str) -> list[Expectation]:
+                reference: str, sets: list[BaselineSet]) -> list[Expectation]:
+    spread = spread_for(profile_spreads(bset, sets), params, bset.launch_statistic)
     if metric not in RATIO_METRICS:
         rows = lookup(bset.metrics, params, metric)
-        return [_from_rows(rows, bset, metric, "")] if not rows.empty else []
-    out = [_from_rows(rows.loc[[i]], bset, metric, reference)
+        return [_from_rows(rows, bset, metric, "", spread)] if not rows.empty else []
+    out = [_from_rows(rows.loc[[i]], bset, metric, reference, spread)
            for rows in (lookup(t, params, metric, reference) for t in (bset.ratios, bset.findings))
            for i in rows.index]
     if bset.kind == "recorded":  # the ratio of the two cells' recorded numbers
         base = "throughput" if metric == "speedup" else "step_time"
         pair = [lookup(bset.metrics, p, base) for p in (params, {**params, **parse_reference(
             reference)})]
-        subject, twin = (_from_rows(r, bset, base, "") if not r.empty else None for r in pair)
+        subject, twin = (_from_rows(r, bset, base, "", spread) if not r.empty else None for r in pair)
         if subject and twin and subject.value and twin.value:
             out.append(Expectation(
                 metric, subject.value / twin.value, tolerance=max(subject.tolerance,
@@ -202,11 +217,11 @@ def find_expectations(params: Mapping[str, Any], metric: str, profile_id: str | 
                                                   s.kind != "recorded", s.path.name))
            if metric in PORTABLE_METRICS or (s.same_model(profile_id) if ratio
                                              else s.matches(profile_id))
-           for e in _candidates(s, params, metric, reference)]
+           for e in _candidates(s, params, metric, reference, sets)]
     if out:
         return out
     elsewhere = [f"{s.path.name} ({s.hardware})" for s in sets
-                 if _candidates(s, params, metric, reference)]
+                 if _candidates(s, params, metric, reference, sets)]
     why = (f"rows for these parameters exist only in {', '.join(elsewhere)}, and {metric} needs "
            f"the same hardware {'model' if ratio else 'profile'}" if elsewhere
            else "no baseline row matches these parameters")

@@ -57,6 +57,7 @@ from perfsuite.judge.baselines import (
     run_profile,
 )
 from perfsuite.judge.lookup import samples_of
+from perfsuite.judge.spreads import Spreads, launch_kind, spreads_json
 from perfsuite.stats import launches as launchstats
 from perfsuite.system.atomic import atomic_write_text
 from perfsuite.system.locking import FolderLock, LockBusy
@@ -136,7 +137,7 @@ class RecordPlan:
     samples: dict[str, list[float]]
     diff: pd.DataFrame
     written: bool = False
-    launch_spreads: dict[str, launchstats.LaunchSpread] = field(default_factory=dict)
+    launch_spreads: Spreads = field(default_factory=dict)  # what this run's repeated launches showed
     counted_cells: int = 0  # cells whose work counters were recorded
     profiled_cells: int = 0  # cells whose profile summary was recorded
     chosen: str = ""  # the launch statistic the folder now judges by, and why, where recording chose it
@@ -147,8 +148,8 @@ class RecordPlan:
         lines = [f"{r.change:8} " + shown[r.change].format(r=r)
                  for r in self.diff.itertuples() if r.change != "same"]
         same = int((self.diff["change"] == "same").sum())
-        spread = [f"between-launch spread of launch {k}s: {v.log_sd:.1%} (s.d. of logs, "
-                  f"{v.dof} d.o.f.)" for k, v in self.launch_spreads.items()]
+        spread = [f"between-launch spread of {kind} launch {k}s: {v.log_sd:.1%} (s.d. of logs, "
+                  f"{v.dof} d.o.f.)" for kind, entries in self.launch_spreads.items() for k, v in entries.items()]
         counted = [f"work counters of {self.counted_cells} cell(s) in {COUNTERS_FILE}"] * bool(
             self.counted_cells)
         profiled = [f"profile summaries of {self.profiled_cells} cell(s) in {PROFILES_FILE} (the "
@@ -158,39 +159,45 @@ class RecordPlan:
                          + counted + profiled)
 
 
-def steadier(spreads: Mapping[str, launchstats.LaunchSpread]) -> tuple[str, str] | None:
-    """The launch statistic whose launches scatter less, and why; None until
-    both are known over options.STEADIER_DOF d.o.f. (on one H200 the pageable cells'
-    launch floors scattered 1.2 %, their medians 3.8 %; on one H100's pinned
-    cell medians 0.08 %, floors 0.12 %)."""
-    median, floor = spreads.get("median"), spreads.get("floor")
-    if not median or not floor or min(median.dof, floor.dof) < options.STEADIER_DOF:
+def steadier(spreads: Spreads) -> tuple[str, str] | None:
+    """The launch statistic whose launches scatter less, and why, judged on the
+    launch kind best measured; None until both are known over
+    options.STEADIER_DOF d.o.f. (on one H200 the pageable cells' launch floors
+    scattered 1.2 %, their medians 3.8 %; on one H100's pinned cell medians
+    0.08 %, floors 0.12 %)."""
+    known = [(min(e["median"].dof, e["floor"].dof), kind, e) for kind, e in spreads.items()
+             if "median" in e and "floor" in e]
+    if not known or max(known)[0] < options.STEADIER_DOF:
         return None
+    dof, kind, entries = max(known)
+    median, floor = entries["median"], entries["floor"]
     name = "floor" if floor.log_sd < median.log_sd else "median"
-    return name, (f"{name}: the steadier over {min(median.dof, floor.dof)} d.o.f. (floors "
-                  f"{floor.log_sd * 100:.1f} %, medians {median.log_sd * 100:.1f} %) of the folder's "
-                  "repeated launches; `perfsuite baseline record --launch-statistic` sets one by hand")
+    return name, (f"{name}: the steadier over {dof} d.o.f. (floors {floor.log_sd * 100:.1f} %, medians "
+                  f"{median.log_sd * 100:.1f} %) of the folder's repeated {kind} launches; "
+                  "`perfsuite baseline record --launch-statistic` sets one by hand")
 
 
 def launch_spreads(results: Mapping[str, Any] | list,
-                   kept: Sequence[Sequence[Sequence[float]]] = ()) -> dict[str, launchstats.LaunchSpread]:
+                   kept: Sequence[tuple[str, Sequence[Sequence[float]]]] = ()) -> Spreads:
     """The between-launch spread of the run's repeated launches, per launch
-    statistic, pooled over its ok cells (a cell's launches are identical) and
-    over ``kept``: the repeated launches of the folder's other cells, so that
-    a runner recording cell by cell (--record-new) pools every cell it
-    recorded rather than keeping the last one's."""
+    kind and statistic, pooled over its ok cells of that kind (a cell's
+    launches are identical) and over ``kept``: (kind, launches) of the
+    folder's other cells, so that a runner recording cell by cell
+    (--record-new) pools every cell it recorded rather than keeping the last
+    one's."""
     cells = [c for c in run_cells(results) if c.get("status") == "ok"]
-    launches = [((c.get("metrics") or {}).get("step_time") or {}).get("launches") or []
-                for c in cells]
-    if not any(len(group) > 1 for group in launches):
+    launches = [(launch_kind(c.get("params") or {}),
+                 ((c.get("metrics") or {}).get("step_time") or {}).get("launches") or []) for c in cells]
+    if not any(len(group) > 1 for _, group in launches):
         return {}  # a run without repeated launches leaves the folder's spread as it was
     launches += list(kept)
-    out = {}
-    for statistic in LAUNCH_STATISTICS:
-        spread = launchstats.launch_spread([launchstats.launch_values(group, statistic)
-                                      for group in launches if len(group) > 1])
-        if spread.dof >= 1:
-            out[statistic] = spread
+    out: Spreads = {}
+    for kind in sorted({k for k, group in launches if len(group) > 1}):
+        for statistic in LAUNCH_STATISTICS:
+            spread = launchstats.launch_spread([launchstats.launch_values(group, statistic)
+                                                for k, group in launches if k == kind and len(group) > 1])
+            if spread.dof >= 1:
+                out.setdefault(kind, {})[statistic] = spread
     return out
 
 
@@ -294,8 +301,10 @@ def _plan(results: Mapping[str, Any] | list, profile_id: str, folder: Path, forc
     keys = set(merged.get("samples_key", []))
     samples = {**{k: v for k, v in (old.samples if old else {}).items() if k in keys}, **samples}
     retimed = set(new_rows.loc[new_rows["metric"].isin(STEP_METRICS), "cell"]) if not new_rows.empty else set()
-    spreads = launch_spreads(results, [samples_of(samples.get(f"{cell}:step_time"))[1]  # () for one launch
-                                       for cell in set(merged["cell"]) - retimed])
+    kinds = {row["cell"]: launch_kind(row) for row in merged.to_dict("records")}
+    spreads = launch_spreads(results, [(kinds[cell], samples_of(samples.get(f"{cell}:step_time"))[1])
+                                       for cell in set(merged["cell"]) - retimed])  # () for one launch
+    folder_spreads = {**(old.launch_spread if old else {}), **spreads}  # kinds not seen again stay
     profiled = profile_entries(run_cells(results), retimed, date)
     profiles = merged_profiles(old.profiles if old else {}, profiled, retimed)
     meta = read_json(folder / PROFILE_FILE) if old else {"aliases": []}
@@ -303,7 +312,7 @@ def _plan(results: Mapping[str, Any] | list, profile_id: str, folder: Path, forc
         meta["launch_statistic"] = launch_statistic
         meta.pop("launch_statistic_chosen", None)
     elif ("launch_statistic" not in meta or "launch_statistic_chosen" in meta) and (
-            chosen := steadier(spreads)):
+            chosen := steadier(folder_spreads)):
         meta["launch_statistic"], meta["launch_statistic_chosen"] = chosen
     plan = RecordPlan(folder, merged, samples, diff_tables(old_rows, merged), write, spreads,
                       len(counted), len(profiled), meta.get("launch_statistic_chosen", ""))
@@ -329,9 +338,8 @@ def _plan(results: Mapping[str, Any] | list, profile_id: str, folder: Path, forc
             atomic_write_text(folder / PROFILES_FILE, profiles_json)
         elif (folder / PROFILES_FILE).exists():  # its last cells were recorded again without a profile
             (folder / PROFILES_FILE).unlink()
-        if spreads:  # pooled over the cells whose repeated launches the folder keeps
-            meta["launch_spread"] = {k: {"log_sd": round(v.log_sd, 5), "dof": v.dof}
-                                     for k, v in spreads.items()}
+        if spreads:  # per kind, pooled over the cells whose repeated launches the folder keeps
+            meta["launch_spread"] = spreads_json(folder_spreads)
         atomic_write_text(folder / PROFILE_FILE, json.dumps(
             {**meta, "format": FORMAT, "hardware": profile_id, "kind": "recorded"}, indent=2))
     return plan
@@ -347,35 +355,44 @@ RECORD_LAUNCHES = 4
 
 
 def lacks_time_baseline(result: Mapping[str, Any]) -> bool:
-    """Its step-time verdict was skipped for want of a baseline on this hardware."""
+    """Its step-time verdict was skipped for want of a baseline on this hardware,
+    or left `unknown` for want of a between-launch spread of its launch kind there."""
     return result.get("status") == "ok" and any(
-        c.get("missing") == "baseline" and c.get("metric") in ("step_time", "time_per_token")
+        c.get("missing") in ("baseline", "spread") and c.get("metric") in ("step_time", "time_per_token")
         for c in result.get("checks", []))
 
 
-def record_missing(result: dict[str, Any], root: Path | str) -> Path | None:
+def record_missing(result: dict[str, Any], root: Path | str, *, spread: bool = False) -> Path | None:
     """A runner's first baselines: record into ``root`` (the runner's own
     baselines root) what this judged cell had nothing to be judged against:
-    its metrics where a check lacked a baseline on this hardware, its work
-    counters where none were recorded on this software stack. Each such check
-    says it was recorded (``recorded``: the folder), so that the run says what
-    it recorded instead of passing as judged; where recording failed, it says
-    why (the measured result stands either way). The folder, or None."""
+    its metrics where a check lacked a baseline on this hardware, or (``spread``)
+    where its launch kind lacked a between-launch spread and the cell was
+    launched again for one; its work counters where none were recorded on this
+    software stack. Each such check says it was recorded (``recorded``: the
+    folder), so that the run says what it recorded instead of passing as
+    judged; where recording failed, it says why (the measured result stands
+    either way). The folder, or None."""
     checks = [c for c in result.get("checks", []) if c.get("missing")]
+    if spread:  # judged by now, with its own launches: the time checks are the ones said
+        checks += [c for c in result.get("checks", []) if not c.get("missing")
+                   and c.get("metric") in ("step_time", "time_per_token")]
     if result.get("status") != "ok" or not checks:
         return None
-    missing = {c["missing"] for c in checks}
-    cell = {**result, "metrics": result.get("metrics") if "baseline" in missing else {},
+    missing = {c.get("missing") for c in checks}
+    times = spread or "baseline" in missing
+    cell = {**result, "metrics": result.get("metrics") if times else {},
             "counters": result.get("counters") if "counters" in missing else None,
-            "profile": result.get("profile") if "baseline" in missing else None}  # beside its samples
+            "profile": result.get("profile") if times else None}  # beside its samples
     try:
         plan = record_run({"env": result.get("env") or {}, "cells": [cell]}, root=root)
     except (BaselineError, OSError) as err:
         for check in checks:
             check["message"] = f"{check.get('message', '')}; not recorded: {err}"
         return None
+    kind = launch_kind(result.get("params") or {})
     for check in checks:
         check["recorded"] = str(plan.folder)
         check["message"] = (f"{check.get('message', '')}; recorded into {plan.folder} as this runner's "
-                            "baseline: the next run judges it")
+                            + (f"spread of {kind} launches" if spread and not check.get("missing")
+                               else "baseline") + ": the next run judges it")
     return plan.folder

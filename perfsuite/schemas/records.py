@@ -66,7 +66,7 @@ class CheckRecord(TypedDict, total=False):
     baseline: str | None
     message: str | None
     cell: str | None
-    missing: str  # "baseline" or "counters": skipped for want of one (judge.recording.record_missing)
+    missing: str  # "baseline", "counters" or "spread": wanting one (judge.recording.record_missing)
     recorded: str  # the runner's baseline folder the missing one was recorded into
     measured_verdict: str  # what an untrustworthy node's check measured
     # a step-time check that regressed or could not decide, of a cell profiled here and in its

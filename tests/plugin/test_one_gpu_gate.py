@@ -9,7 +9,11 @@ times stretched). The launcher's own GPU-count check decides what runs.
 - a slowed cell: red;
 - a runner and stack never seen: its first run records the runner's own
   baselines and says so (green, not judged); the second judges them; a
-  slowdown after that is red against them.
+  slowdown after that is red against them;
+- a cell whose launch kind has no between-launch spread there (the H100's
+  pageable cells: only its pinned cell's launches were repeated) is
+  `unknown`; a run recording the runner's baselines launches it again and
+  records that kind's spread, and the next run judges it.
 """
 
 import copy
@@ -39,7 +43,7 @@ B200 = {"gpu_name": "NVIDIA B200", "gpu_memory_bytes": 191_514_640_384, "torch":
 def one_gpu_runner(monkeypatch):
     """Make this process see the runner: ``runner(env=..., slow=...)`` sets
     what its GPU and stack are and which cell is slower, for the next session."""
-    state = {"env": {}, "slow": {}}
+    state = {"env": {}, "slow": {}, "jitter": [1.0], "launches": 0}
 
     def env() -> dict:
         return {**copy.deepcopy(RUN["env"]), **state["env"]}
@@ -50,7 +54,8 @@ def one_gpu_runner(monkeypatch):
             return skipped
         result = copy.deepcopy(STORED[cell.id])
         result["env"] = {**result["env"], **state["env"]}
-        factor = state["slow"].get(cell.id, 1.0)
+        factor = state["slow"].get(cell.id, 1.0) * state["jitter"][state["launches"] % len(state["jitter"])]
+        state["launches"] += 1
         step = result["metrics"]["step_time"]
         for key in ("value", "median", "mean", "min", "max"):
             if isinstance(step.get(key), float):
@@ -64,8 +69,8 @@ def one_gpu_runner(monkeypatch):
     monkeypatch.setattr(perfsuite.hardware, "fingerprint", env)
     monkeypatch.setattr(launching, "run_cell", launch)
 
-    def runner(env: dict | None = None, slow: dict | None = None) -> None:
-        state["env"], state["slow"] = env or {}, slow or {}
+    def runner(env: dict | None = None, slow: dict | None = None, jitter: tuple = (1.0,)) -> None:
+        state["env"], state["slow"], state["jitter"] = env or {}, slow or {}, list(jitter)
     return runner
 
 
@@ -88,7 +93,10 @@ def test_unchanged_is_green_and_lists_the_cells_that_need_more_gpus_once(pyteste
     result.assert_outcomes(passed=3, skipped=2)
     result.stdout.fnmatch_lines(["*2 cell(s) not run: they need 2-4 GPUs, 1 present*"])
     judged = checks(pytester, "a")
-    assert {judged[c]["step_time"]["verdict"] for c in STORED} == {"same"}
+    assert judged[SLOWED]["step_time"]["verdict"] == "same"
+    for pageable in set(STORED) - {SLOWED}:  # no pageable launch spread in the H100's folder
+        assert (judged[pageable]["step_time"]["verdict"], judged[pageable]["step_time"]["missing"]) == (
+            "unknown", "spread")
     assert {judged[c]["work_counters"]["verdict"] for c in STORED} == {"pass"}
     page = (pytester.path / "a" / "report.html").read_text()
     assert "2 cell(s) not run: they need 2-4 GPUs, 1 present" in page
@@ -97,7 +105,7 @@ def test_unchanged_is_green_and_lists_the_cells_that_need_more_gpus_once(pyteste
 
     job_summary = summary_markdown(load(pytester.path / "a"), "gate")
     assert "- 2 cell(s) not run: they need 2-4 GPUs, 1 present." in job_summary
-    assert "Every cell that could run here ran and none of the" in job_summary
+    assert "No check failed or regressed, but some could not decide (unknown)" in job_summary
 
 
 def test_a_slowed_cell_is_red(pytester, one_gpu_runner):
@@ -159,6 +167,29 @@ def test_a_new_stack_on_known_hardware_judges_times_across_it_and_records_its_co
     assert second.ret == pytest.ExitCode.OK
     counted = [checks(pytester, "second")[c]["work_counters"] for c in STORED]
     assert all(k["verdict"] == "pass" and "across" not in k["message"] for k in counted)
+
+
+def test_a_kind_without_a_spread_is_launched_again_recorded_and_then_judged(pytester, one_gpu_runner):
+    pytester.makepyfile(GATE_TEST)
+    own = pytester.path / "runner-baselines"
+    one_gpu_runner(jitter=(1.0, 1.01, 0.99, 1.005))  # launches scatter ~1 %
+    first = gate(pytester, "first", "--perf-runner-baselines", str(own), "--perf-record-new")
+    assert first.ret == pytest.ExitCode.OK
+    run = {c["id"]: c for c in json.loads((pytester.path / "first" / "results.json").read_text())["cells"]}
+    pageable = sorted(set(STORED) - {SLOWED})
+    launched = {len(run[c]["metrics"]["step_time"].get("launches") or [0]): c for c in pageable}
+    assert sorted(launched) == [1, 4]  # the second of its kind is judged with the spread the first gave
+    step = checks(pytester, "first")[launched[4]]["step_time"]
+    assert step["verdict"] == "same" and "spread of image/pageable launches" in step["message"]
+    from perfsuite.judge.baselines import load_profile
+
+    spread = load_profile(own / "h100-80gb-hbm3-80gb-x1").launch_spread
+    assert set(spread) == {"image/pageable"} and spread["image/pageable"]["median"].dof == 3
+    second = gate(pytester, "second", "--perf-runner-baselines", str(own), "--perf-record-new")
+    judged = checks(pytester, "second")
+    assert second.ret == pytest.ExitCode.OK
+    assert {judged[c]["step_time"]["verdict"] for c in STORED} == {"same"}
+    assert not any(k.get("missing") for c in judged.values() for k in c.values())
 
 
 def test_recording_new_baselines_needs_the_folder_they_go_to(pytester):

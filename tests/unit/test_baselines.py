@@ -318,6 +318,7 @@ def test_an_unknown_launch_statistic_is_named(tmp_path):
 
 
 @pytest.mark.parametrize("spread", ['{"p5": {"log_sd": 0.05, "dof": 3}}', '{"floor": {"log_sd": 0.05}}',
+                                    '{"image": {"p5": {"log_sd": 0.05, "dof": 3}}}', '{"image": 0.05}',
                                     '{"floor": {"log_sd": -1, "dof": 3}}', '{"floor": {"log_sd": 0.1, "dof": 0}}'])
 def test_a_malformed_launch_spread_is_named(tmp_path, spread):
     (tmp_path / "p").mkdir()
@@ -547,15 +548,50 @@ def test_a_repeated_recording_keeps_the_spread_between_its_launches(tmp_path):
     cell["metrics"]["step_time"]["launches"] = launches
     plan = recording.record_run(run(cell), root=tmp_path)
     expected = launchstats.launch_spread([launchstats.launch_values(launches, "median")])
-    assert plan.launch_spreads["median"].dof == 3 == expected.dof
-    assert "between-launch spread of launch medians" in plan.describe()
+    assert plan.launch_spreads["image"]["median"].dof == 3 == expected.dof
+    assert "between-launch spread of image launch medians" in plan.describe()
     saved = json.loads((plan.folder / "profile.json").read_text())["launch_spread"]
-    assert saved["floor"] == {"log_sd": round(expected.log_sd, 5), "dof": 3}
+    assert saved["image"]["floor"] == {"log_sd": round(expected.log_sd, 5), "dof": 3}
     exp = find_expectation(cell["params"], "step_time", CPU, root=tmp_path)
     assert exp.launch_spread == launchstats.LaunchSpread(round(expected.log_sd, 5), 3)
     single = recording.record_run(run(cell_result("smoke/b", [0.1] * 5)), root=tmp_path)
     assert not single.launch_spreads  # one launch shows no spread: the recorded one stays
     assert "launch_spread" in json.loads((plan.folder / "profile.json").read_text())
+
+
+def repeated(cell_id, factors, **params):
+    cell = cell_result(cell_id, [0.1] * 5)
+    cell["params"].update(params)
+    cell["metrics"]["step_time"]["launches"] = [[0.1 * f, 0.1 * f] for f in factors]
+    return cell
+
+
+def test_each_launch_kind_is_judged_with_its_own_kinds_spread_never_anothers(tmp_path):
+    """Pinned cells' launches scatter far less than pageable ones' (one H100:
+    0.08 %; one H200's pageable cells 3.8 %), LLM cells otherwise again: a
+    folder keeps a spread per kind and a kind it never measured gets none."""
+    pinned = repeated("gate/pin", (1.0, 1.001, 0.999, 1.0), device="cuda", pin_memory=True)
+    pageable = repeated("gate/nopin", (1.0, 1.05, 0.95, 1.02), device="cuda", pin_memory=False)
+    plan = recording.record_run(run(pinned, pageable), root=tmp_path)
+    assert set(plan.launch_spreads) == {"image/pinned", "image/pageable"}
+    assert (plan.launch_spreads["image/pinned"]["median"].log_sd
+            < plan.launch_spreads["image/pageable"]["median"].log_sd / 10)
+    for cell, kind in ((pinned, "image/pinned"), (pageable, "image/pageable")):
+        exp = find_expectation(cell["params"], "step_time", CPU, root=tmp_path)
+        assert exp.launch_spread.log_sd == round(plan.launch_spreads[kind]["median"].log_sd, 5)
+    llm = {**pageable["params"], "workload": "llm"}
+    recording.record_run(run({**cell_result("gate/llm", [0.1] * 5), "params": llm}), root=tmp_path)
+    assert find_expectation(llm, "step_time", CPU, root=tmp_path).launch_spread is None
+    assert bl.load_profile(plan.folder).launch_spread.keys() == {"image/pinned", "image/pageable"}
+
+
+def test_a_spread_written_before_kinds_judges_every_kind(tmp_path):
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "profile.json").write_text(json.dumps(
+        {"format": "perfsuite.baselines/1", "hardware": "h", "kind": "recorded",
+         "launch_spread": {"floor": {"log_sd": 0.121, "dof": 20}}}))
+    loaded = bl.load_profile(tmp_path / "p").launch_spread
+    assert loaded == {"*": {"floor": launchstats.LaunchSpread(0.121, 20)}}
 
 
 def test_cpu_profiles_tell_instruction_sets_apart():

@@ -50,9 +50,10 @@ def test_step_time_regression_against_a_recorded_baseline(tmp_path):
     reference = merge_repeats([measured(cell, samples, env=env) for samples in launch])
     plan = record_run({"schema": "perfsuite.results/1", "env": env, "cells": [reference]},
                       root=tmp_path, launch_statistic="median")
-    assert plan.launch_spreads["median"].dof == 5
+    assert plan.launch_spreads["image"]["median"].dof == 5  # a CPU cell's kind: its workload
     sets = load_all(tmp_path)
-    assert sets[0].launch_spread["median"].log_sd == round(plan.launch_spreads["median"].log_sd, 5)
+    assert sets[0].launch_spread["image"]["median"].log_sd == round(
+        plan.launch_spreads["image"]["median"].log_sd, 5)
     base = launch[0]
     same = judge(cell, measured(cell, base[::-1], env=env), sets=sets)
     slower = judge(cell, measured(cell, [s * 1.5 for s in base], env=env), sets=sets)
