@@ -370,8 +370,9 @@ def record_missing(result: dict[str, Any], root: Path | str, *, spread: bool = F
     launched again for one; its work counters where none were recorded on this
     software stack. Each such check says it was recorded (``recorded``: the
     folder), so that the run says what it recorded instead of passing as
-    judged; where recording failed, it says why (the measured result stands
-    either way). The folder, or None."""
+    judged (a time check judged with the launches recorded for a spread says
+    so in its message); where recording failed, it says why (the measured
+    result stands either way). The folder, or None."""
     checks = [c for c in result.get("checks", []) if c.get("missing")]
     if spread:  # judged by now, with its own launches: the time checks are the ones said
         checks += [c for c in result.get("checks", []) if not c.get("missing")
@@ -389,10 +390,12 @@ def record_missing(result: dict[str, Any], root: Path | str, *, spread: bool = F
         for check in checks:
             check["message"] = f"{check.get('message', '')}; not recorded: {err}"
         return None
-    kind = launch_kind(result.get("params") or {})
     for check in checks:
+        if not check.get("missing"):  # judged with its own launches: what they recorded is said
+            check["message"] = (f"{check.get('message', '')}; its launches recorded into {plan.folder}: "
+                                f"this runner's spread of {launch_kind(result.get('params') or {})} launches")
+            continue
         check["recorded"] = str(plan.folder)
         check["message"] = (f"{check.get('message', '')}; recorded into {plan.folder} as this runner's "
-                            + (f"spread of {kind} launches" if spread and not check.get("missing")
-                               else "baseline") + ": the next run judges it")
+                            "baseline: the next run judges it")
     return plan.folder
