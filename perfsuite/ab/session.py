@@ -82,6 +82,7 @@ from perfsuite.ab.verdicts import (  # noqa: F401 - ab's face for its callers
     pair_look_confidence,
     resident_settings,
     summary_line,
+    undecided_reason,
 )
 from perfsuite.cells import Cell
 from perfsuite.judge.comparing import compare_runs
@@ -322,8 +323,7 @@ class ABSession:
             self.log(f"  after pair {pair}: {cmp.verdict.upper()}  {interval(record)}")
             if cmp.verdict in DECIDED:
                 return results
-        record["reason"] = (f"undecided after {self.max_pairs} launch pairs: {record.get('reason') or ''}; "
-                            f"--max-pairs {2 * self.max_pairs} or --quads {2 * self.quads} would narrow it")
+        record["reason"] = undecided_reason(record, quads_by_pair, self.tolerance, self.quads, self.max_pairs)
         self.write()
         return results
 

@@ -10,12 +10,13 @@ import math
 import os
 from typing import Any
 
-from perfsuite.ab.settings import MIN_PAIRS, look_pairs
+from perfsuite.ab.settings import MAX_PAIRS, MAX_QUADS, MIN_PAIRS, look_pairs
 from perfsuite.ab.stopping import is_full, side_failed
 from perfsuite.judge import accepted as accepted_mod
 from perfsuite.judge.checks import FAILING
 from perfsuite.stats import launches as launchstats
 from perfsuite.stats.samples import DEFAULT_CONFIDENCE
+from perfsuite.stats.windows import design_half_width, within_pair_variance
 
 ORDER = "ABBA"  # one round; every round the same, so each side leads half the rounds
 DECIDED = ("same", "regressed", "improved")
@@ -49,6 +50,43 @@ def recorded_looks(resident: dict[str, Any]) -> tuple[list[int], float]:
     pair from MIN_PAIRS on. Bonferroni over them where no confidence is kept."""
     looks = list(resident["looks"]) if "looks" in resident else list(range(MIN_PAIRS, int(resident["max_pairs"]) + 1))
     return looks, float(resident.get("look_confidence") or 1.0 - (1.0 - DEFAULT_CONFIDENCE) / len(looks))
+
+
+def undecided_reason(record: dict[str, Any], quads_by_pair: list[list[float]], tolerance: float,
+                     quads: int, max_pairs: int) -> str:
+    """Why a resident session is undecided at its cap, and what would decide it."""
+    return (f"undecided after {max_pairs} launch pairs: {record.get('reason') or ''}; " + what_would_decide(
+        quads_by_pair, record.get("ratio"), record.get("tau2") or 0.0, tolerance, quads, max_pairs))
+
+
+def what_would_decide(quads_by_pair: list[list[float]], ratio: float | None, tau2: float, tolerance: float,
+                      quads: int, max_pairs: int) -> str:
+    """What would decide a resident session left undecided at its cap, from its
+    own ratio and scatter: the quads a pair (decided at the first look) or the
+    launch pairs (at these quads) whose interval would clear the nearer
+    decision's bound (``same`` needs it within ±tolerance around this ratio,
+    ``regressed``/``improved`` clear of 1), as ``compare_windows`` would pool them.
+    About: the ratio moves, and pairs may disagree more or less than these did."""
+    within = within_pair_variance(quads_by_pair)
+    if within is None or not ratio or ratio <= 0:
+        return f"--max-pairs {2 * max_pairs} or --quads {2 * quads} would narrow it"
+    m, edge = abs(math.log(ratio)), math.log1p(tolerance)
+    target = edge - m if m < edge else m  # the interval's half-width that would decide
+    scatter = (f"a quad's log-ratio scattered {math.sqrt(within) * 100:.2f} % within its pair"
+               + (f", the pairs {math.sqrt(tau2) * 100:.2f} % between them" if tau2 > 0 else ""))
+    more_quads = next((q for q in range(quads + 1, MAX_QUADS + 1) if design_half_width(
+        within, tau2, q, MIN_PAIRS, pair_look_confidence(max_pairs)) <= target), None)
+    more_pairs = next((p for p in range(max_pairs + 1, MAX_PAIRS + 1) if p in look_pairs(p) and design_half_width(
+        within, tau2, quads, p, pair_look_confidence(p)) <= target), None)
+    ways = ([f"about --quads {more_quads} (decided after {MIN_PAIRS} pairs)"] * bool(more_quads)
+            + [f"about --max-pairs {more_pairs} at {quads} quads"] * bool(more_pairs))
+    bound = f"±{tolerance * 100:g} %"
+    if not ways:  # near the bound nothing decides; elsewhere the launches' own scatter is too wide
+        near = target < edge / 4
+        return (f"at ratio {ratio:.4g}{f' (near the {bound} bound)' if near else ''}, where {scatter}, no "
+                f"session of up to {MAX_QUADS} quads or {MAX_PAIRS} pairs would decide {bound}"
+                + ("" if near else ": a quieter machine would"))
+    return f"at ratio {ratio:.4g}, where {scatter}, {' or '.join(ways)} would decide {bound}"
 
 
 def finite(value: Any) -> Any:

@@ -170,6 +170,23 @@ def compare_windows(quads_by_pair: Sequence[Sequence[float]], tolerance: float =
                             pooled.order_effect, detectable_change(low, high))
 
 
+def within_pair_variance(quads_by_pair: Sequence[Sequence[float]]) -> float | None:
+    """The quads' log-ratio variance within their launch pairs, pooled over the
+    pairs (each centred on its own mean); None without two quads in a pair."""
+    parts = [(len(d) - 1, float(np.var(d, ddof=1))) for d in quads_by_pair if len(d) > 1]
+    dof = sum(n for n, _ in parts)
+    return sum(n * v for n, v in parts) / dof if dof else None
+
+
+def design_half_width(within: float, tau2: float, quads: int, pairs: int, confidence: float) -> float:
+    """The half-width (of the log-ratio) of the interval ``compare_windows``
+    would give over ``pairs`` launch pairs of ``quads`` quads, at this scatter:
+    ``within`` a quad's variance within its pair, ``tau2`` between pairs."""
+    se2 = within / quads
+    dof = satterthwaite_dof([se2] * pairs, [quads] * pairs, tau2)
+    return float(_sps.t.ppf(0.5 + confidence / 2, dof)) * math.sqrt((se2 + tau2) / pairs)
+
+
 def detectable_change(ci_low: float | None, ci_high: float | None) -> float | None:
     """The smallest change an interval of a ratio resolves: its half-width as
     a ratio, ``sqrt(high / low) - 1`` (for the pooled interval above,
