@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from perfsuite.ab.attributing import attribute_cell, check_attribute, session_line, wanted
+from perfsuite.ab.forecast import cell_forecast, forecast_line
 from perfsuite.ab.resident import (
     LAUNCH_ROUNDS,
     MemoryPlan,
@@ -83,12 +84,13 @@ from perfsuite.ab.verdicts import (  # noqa: F401 - ab's face for its callers
     resident_settings,
     summary_line,
     undecided_reason,
+    undecided_rounds_reason,
 )
 from perfsuite.cells import Cell
 from perfsuite.judge.comparing import compare_runs
 from perfsuite.launch.launch import LaunchOptions, run_cell
 from perfsuite.options import AB_MODES as MODES  # noqa: F401 - ab's face for its callers
-from perfsuite.options import DEFAULT_LAUNCH_STATISTIC, DEFAULT_MAX_PAIRS, DEFAULT_QUADS, DEFAULT_WINDOW_STEPS
+from perfsuite.options import AUTO_QUADS, DEFAULT_LAUNCH_STATISTIC, DEFAULT_MAX_PAIRS, DEFAULT_QUADS, DEFAULT_WINDOW_STEPS
 from perfsuite.report.ab import write_ab_reports
 from perfsuite.results import merge_repeats
 from perfsuite.schemas.records import ABRecord
@@ -140,8 +142,10 @@ class ABSession:
     def run(self) -> int:
         """Measure every cell; the exit code (see ``exit_code``, 130 on Ctrl-C)."""
         if self.mode != "launches":
+            quads = "as many ABBA quads as each cell's forecast asks" if self.quads == AUTO_QUADS else (
+                f"{self.quads} ABBA quads")
             self.log(f"resident windows where a cell allows them: ratio = B / A of {self.window_steps}-step "
-                     f"windows' medians (> 1: B slower), {self.quads} ABBA quads a launch pair, "
+                     f"windows' medians (> 1: B slower), {quads} a launch pair, "
                      f"{MIN_PAIRS}-{self.max_pairs} pairs; tolerance ±{self.tolerance:.0%}")
         if self.mode != "resident":
             self.log(f"launch rounds otherwise: ratio = B / A of launch {self.statistic}s; "
@@ -219,7 +223,9 @@ class ABSession:
                 refusal = f"memory: {plan.reason}"
         record.update(mode="resident" if refusal is None else "launches", mode_reason=refusal)
         if refusal is None:
-            results = self._measure_resident(cell, record, plan)
+            record["forecast"] = cell_forecast(cell, self.window_steps, self.quads, self.max_pairs, self.tolerance)
+            self.log(f"  {forecast_line(record['forecast'], self.tolerance)}")
+            results = self._measure_resident(cell, record, plan, record["forecast"]["quads"])
             if record.get("memory") is None or record["memory"]["plan"] != LAUNCH_ROUNDS:
                 return results
             refusal = f"memory: {record['memory']['reason']}"  # the first side left too little
@@ -238,8 +244,8 @@ class ABSession:
             self.log(f"  {plan.line()}")
             self.write()
 
-    def _measure_resident(self, cell: Cell, record: dict[str, Any],
-                          plan: MemoryPlan | None = None) -> dict[str, list[dict[str, Any]]]:
+    def _measure_resident(self, cell: Cell, record: dict[str, Any], plan: MemoryPlan | None,
+                          quads: int) -> dict[str, list[dict[str, Any]]]:
         """Launch pairs, both sides resident in each, until the verdict over the pairs is decided.
         A pair whose second side would not fit beside the first turns the cell's plan to launch rounds."""
         results: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
@@ -258,7 +264,7 @@ class ABSession:
             measuring: dict[str, Any] = {"pair": pair, "first": first, "windows": []}
             record.setdefault("partial_pairs", []).append(measuring)
             try:
-                run = run_pair(cell, opts, dirs, quads=self.quads, window_steps=self.window_steps,
+                run = run_pair(cell, opts, dirs, quads=quads, window_steps=self.window_steps,
                                first=first, release=plan is not None and plan.release,
                                need_bytes=plan.need_bytes if plan is not None else None,
                                on_window=lambda window, m=measuring: self._window(m, window))
@@ -323,7 +329,7 @@ class ABSession:
             self.log(f"  after pair {pair}: {cmp.verdict.upper()}  {interval(record)}")
             if cmp.verdict in DECIDED:
                 return results
-        record["reason"] = undecided_reason(record, quads_by_pair, self.tolerance, self.quads, self.max_pairs)
+        record["reason"] = undecided_reason(record, quads_by_pair, self.tolerance, quads, self.max_pairs)
         self.write()
         return results
 
@@ -357,7 +363,9 @@ class ABSession:
                 results[name].append(result)
             if self._judge(round_, results, record) in DECIDED:
                 return results
-        self._undecided(record, results)
+        record["reason"] = undecided_rounds_reason([_launches(rs) for rs in results.values()], self.statistic,
+                                                   self.max_launches, self.tolerance)
+        self.write()
         return results
 
     def _launch(self, cell: Cell, side: Side, index: int, record: dict[str, Any]) -> dict[str, Any]:
@@ -404,17 +412,6 @@ class ABSession:
         self.log(f"  round {round_}: {cmp.verdict.upper()}  {interval(verdict)}, "
                  f"{n_b} vs {n_a} launches")
         return cmp.verdict
-
-    def _undecided(self, record: dict[str, Any], results: dict[str, list[dict[str, Any]]]) -> None:
-        """Unknown at the cap, with what would decide it."""
-        spread = launchstats.launch_spread([launchstats.launch_values(_launches(rs), self.statistic)
-                                      for rs in results.values()])
-        record["reason"] = (
-            f"undecided at the cap of {self.max_launches} launches a side: the interval is neither "
-            f"wholly within ±{self.tolerance:.0%} nor a change beyond it; identical launches' "
-            f"{self.statistic}s scattered {spread.log_sd:.1%} here, so more launches "
-            f"(--max-launches {2 * self.max_launches}) or a quieter machine would decide it")
-        self.write()
 
     def _other_checks(self, record: dict[str, Any], results: dict[str, list[dict[str, Any]]]) -> None:
         """compare_runs over both sides' launches: every check but step time,

@@ -9,6 +9,7 @@ from perfsuite.ab.sides import ABError
 from perfsuite.cells import Cell
 from perfsuite.launch.launch import LaunchOptions
 from perfsuite.options import AB_MODES as MODES
+from perfsuite.options import AUTO_QUADS, AUTO_QUADS_RANGE
 from perfsuite.stats import launches as launchstats
 from perfsuite.stats.windows import ORDER_MODEL_PAIRS
 
@@ -41,9 +42,13 @@ def check_settings(tolerance: float, statistic: str, max_launches: int) -> None:
         raise ABError(f"--launch-statistic {statistic}: use one of {sorted(launchstats.LAUNCH_STATISTICS)}")
 
 
-def check_resident_settings(mode: str, window_steps: int, quads: int, max_pairs: int) -> None:
+def check_resident_settings(mode: str, window_steps: int, quads: int | str, max_pairs: int) -> None:
     if mode not in MODES:
         raise ABError(f"--mode {mode}: use one of {', '.join(MODES)}")
+    if quads == AUTO_QUADS:  # each cell's, within AUTO_QUADS_RANGE (perfsuite.ab.forecast)
+        quads = AUTO_QUADS_RANGE[0]
+    if not isinstance(quads, int):
+        raise ABError(f"--quads {quads}: give a number of quads, or {AUTO_QUADS}")
     if window_steps < 1 or quads < 4 or max_pairs < MIN_PAIRS:
         raise ABError(f"--window-steps {window_steps}, --quads {quads}, --max-pairs {max_pairs}: give at "
                       f"least 1 step a window, 4 quads a pair and {MIN_PAIRS} pairs")

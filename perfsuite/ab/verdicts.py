@@ -52,6 +52,17 @@ def recorded_looks(resident: dict[str, Any]) -> tuple[list[int], float]:
     return looks, float(resident.get("look_confidence") or 1.0 - (1.0 - DEFAULT_CONFIDENCE) / len(looks))
 
 
+def undecided_rounds_reason(launches: list[list[list[float]]], statistic: str, max_launches: int,
+                            tolerance: float) -> str:
+    """Why launch rounds are undecided at their cap (``launches``: each side's
+    launches' step times), and what would decide them."""
+    spread = launchstats.launch_spread([launchstats.launch_values(side, statistic) for side in launches])
+    return (f"undecided at the cap of {max_launches} launches a side: the interval is neither "
+            f"wholly within ±{tolerance:.0%} nor a change beyond it; identical launches' "
+            f"{statistic}s scattered {spread.log_sd:.1%} here, so more launches "
+            f"(--max-launches {2 * max_launches}) or a quieter machine would decide it")
+
+
 def undecided_reason(record: dict[str, Any], quads_by_pair: list[list[float]], tolerance: float,
                      quads: int, max_pairs: int) -> str:
     """Why a resident session is undecided at its cap, and what would decide it."""

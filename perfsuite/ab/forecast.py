@@ -1,0 +1,104 @@
+"""What a resident A/B session of a cell can resolve, forecast before its first launch.
+
+The cell's step times recorded on this hardware (its baseline's samples,
+launch by launch, in the order they ran) are cut into windows of the
+session's ``window_steps`` and every run of four consecutive windows taken
+as an ABBA quad of two identical sides: the scatter of their log-ratios is
+what a quad of the session would scatter by, were a resident window like a
+recorded one. From it, as ``compare_windows`` pools quads, the smallest
+detectable change at the first look and at the cap, and the quads a pair
+that would resolve the tolerance at the first look.
+
+A forecast, said as one: launch-to-launch effects are not in it (a session
+measures them), and a resident window follows a parked side's, not its own
+launch's last step. On one H200 (tests/data/h200-2026-11-28) the recorded
+steps put the pinned fp32 cell's quads at 0.06 %, the pageable fp32 cell's
+at 1.0 % and the fp64 cell's at 3.8 %; resident sessions of the pinned cell
+on an H100 and an H200 measured 0.04-0.2 %.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from perfsuite.ab.resident import SETTLING_QUADS
+from perfsuite.ab.settings import MAX_QUADS, MIN_PAIRS
+from perfsuite.ab.verdicts import pair_look_confidence
+from perfsuite.cells import Cell
+from perfsuite.options import AUTO_QUADS, AUTO_QUADS_RANGE, DEFAULT_QUADS
+from perfsuite.stats.windows import ORDER, design_half_width, window_value
+
+
+def quad_scatter(launches: Sequence[Sequence[float]], window_steps: int) -> tuple[float, int] | None:
+    """The variance of the log-ratio of ABBA quads of consecutive windows of
+    ``window_steps`` recorded steps (every start within each launch, after as
+    many steps as a session's settling quads take), and the quads it is from;
+    None where no launch has that many windows of steps."""
+    span = len(ORDER) * window_steps
+    d = []
+    for steps in (launch[SETTLING_QUADS * span:] for launch in launches):
+        for start in range(len(steps) - span + 1):
+            a1, b1, b2, a2 = (math.log(window_value(steps[start + k * window_steps:start + (k + 1) * window_steps]))
+                              for k in range(len(ORDER)))
+            d.append((b1 + b2 - a1 - a2) / 2)
+    return (float(np.var(d, ddof=1)), len(d)) if len(d) > 1 else None
+
+
+def forecast(launches: Sequence[Sequence[float]], window_steps: int, quads: int | str, max_pairs: int,
+             tolerance: float, source: str | None) -> dict[str, Any]:
+    """The forecast of a session at these settings from the recorded
+    ``launches`` (``source`` says whose), or why there is none (``reason``);
+    ``quads``: the quads a pair it is run with (``--quads auto``: as the
+    forecast asks, within AUTO_QUADS_RANGE; DEFAULT_QUADS without one)."""
+    scatter = quad_scatter(launches, window_steps)
+    if scatter is None:
+        longest = max((len(s) for s in launches), default=0)
+        return {"source": source, "quads": DEFAULT_QUADS if quads == AUTO_QUADS else quads,
+                "reason": f"its recorded launches have {longest} steps at most; a forecast "
+                f"needs {len(ORDER) * (SETTLING_QUADS + 1)} windows of {window_steps}"}
+    within, _ = scatter
+
+    def detectable(pairs: int, at_quads: int) -> float:
+        return math.expm1(design_half_width(within, 0.0, at_quads, pairs, pair_look_confidence(max_pairs)))
+
+    enough = next((q for q in range(4, MAX_QUADS + 1) if detectable(MIN_PAIRS, q) <= tolerance), None)
+    least, most = AUTO_QUADS_RANGE
+    chosen = min(max(enough or most, least), most) if quads == AUTO_QUADS else int(quads)
+    return {"source": source, "quads": chosen, "quad_sd": round(math.sqrt(within), 6),
+            "detectable_first_look": round(detectable(MIN_PAIRS, chosen), 6),
+            "detectable_at_cap": round(detectable(max_pairs, chosen), 6), "quads_for_tolerance": enough}
+
+
+def cell_forecast(cell: Cell, window_steps: int, quads: int | str, max_pairs: int,
+                  tolerance: float) -> dict[str, Any]:
+    """The forecast from the step times recorded for ``cell`` on this machine's hardware profile."""
+    from perfsuite import hardware
+    from perfsuite.judge.baselines import BaselineError, load_all
+    from perfsuite.judge.lookup import find_expectation
+
+    try:
+        found = find_expectation(cell.params(), "step_time", hardware.profile_id(hardware.fingerprint()),
+                                 sets=load_all())
+        why = found.reason or f"{found.baseline} keeps no step samples of it"
+    except BaselineError as err:
+        found, why = None, f"no baselines read ({err})"
+    if found is None or not found.samples:
+        return {**forecast([], window_steps, quads, max_pairs, tolerance, None), "reason": why}
+    return forecast(found.launches or [found.samples], window_steps, quads, max_pairs, tolerance,
+                    f"baselines {found.baseline} ({found.source})")
+
+
+def forecast_line(said: dict[str, Any], tolerance: float) -> str:
+    """The forecast in one line of the session's log."""
+    if "quad_sd" not in said:
+        return f"forecast: none ({said['reason']}); {said['quads']} quads a pair"
+    needs = said["quads_for_tolerance"]
+    return (f"{said['quads']} quads a pair; forecast from the steps recorded here ({said['source']}): a quad's "
+            f"log-ratio ~{said['quad_sd'] * 100:.2f} %, smallest detectable change ~"
+            f"{said['detectable_first_look'] * 100:.2f} % after {MIN_PAIRS} pairs, ~{said['detectable_at_cap'] * 100:.2f} "
+            f"% at the cap; ±{tolerance * 100:g} % " + (f"needs ~{needs} quads a pair" if needs else
+                                                       f"is beyond {MAX_QUADS} quads a pair"))

@@ -1,0 +1,108 @@
+"""What a resident A/B session can resolve, forecast from the step times
+recorded on its hardware (perfsuite.ab.forecast), and `--quads auto`: each
+cell as many quads a pair as its forecast says resolve the tolerance."""
+
+import json
+import math
+import sys
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import perfsuite.hardware
+from perfsuite import cells
+from perfsuite.ab import session as ab
+from perfsuite.ab.forecast import cell_forecast, forecast, forecast_line
+from perfsuite.ab.resident import PairRun
+from perfsuite.cli import main as cli
+from perfsuite.judge import baselines as bl
+from perfsuite.judge.lookup import samples_of
+from perfsuite.stats.windows import compare_windows
+from tests.unit.cellkit import tiny_image_cell
+
+H200 = bl.PROJECT_BASELINES / "h200-140gb-x1"
+JUDGED = Path(__file__).resolve().parents[1] / "data" / "h200-2026-11-28" / "call3-gate-judged" / "gate2.tgz"
+CELL = "gate/image/ddp-ds/g1/{}/px500/{}/nchw"
+# what the H200's recorded steps forecast, as 5-step windows: a quad's s.d. and the quads for ±2 %
+H200_FORECASTS = [(CELL.format("fp32", "pin"), 0.0006, 4), (CELL.format("fp32", "nopin"), 0.0316, 9),
+                  (CELL.format("fp64", "nopin"), 0.0539, 21)]
+
+
+def h200_steps(cell_id: str) -> list[list[float]]:
+    pooled, launches = samples_of(bl.load_profile(H200).samples[f"{cell_id}:step_time"])
+    return list(launches) or [list(pooled)]
+
+
+@pytest.mark.parametrize("cell_id,quad_sd,quads", H200_FORECASTS)
+def test_the_h200s_recorded_steps_forecast_what_each_cell_resolves(cell_id, quad_sd, quads):
+    said = forecast(h200_steps(cell_id), 5, "auto", 4, 0.02, "h200")
+    assert said["quad_sd"] == pytest.approx(quad_sd, rel=0.05)
+    assert said["quads_for_tolerance"] == said["quads"] == quads
+    assert said["detectable_first_look"] <= 0.02
+    if quads > 4:  # one fewer would not resolve it
+        assert forecast(h200_steps(cell_id), 5, quads - 1, 4, 0.02, "h200")["detectable_first_look"] > 0.02
+    fixed = forecast(h200_steps(cell_id), 5, 16, 4, 0.02, "h200")  # the pull-request job's 16 quads
+    assert fixed["quads"] == 16 and fixed["quads_for_tolerance"] == quads
+    assert "~" in forecast_line(fixed, 0.02) and f"±2 % needs ~{quads} quads a pair" in forecast_line(fixed, 0.02)
+
+
+def test_a_forecast_agrees_with_the_verdict_over_quads_of_that_scatter():
+    """Quads scattering as forecast, pooled as a session pools them: the
+    forecast's detectable change is the interval's half-width."""
+    said = forecast(h200_steps(H200_FORECASTS[2][0]), 5, 21, 4, 0.02, "h200")
+    d = [z for z in (-1.5, -1, -0.5, 0, 0.5, 1, 1.5)] * 3
+    pair = [x * said["quad_sd"] / float(np.std(d, ddof=1)) for x in d]  # 21 quads of exactly that s.d., mean 0
+    cmp = compare_windows([pair, pair], 0.02, ab.pair_look_confidence(4))
+    assert cmp.detectable == pytest.approx(said["detectable_first_look"], rel=1e-3) and cmp.verdict == "same"
+
+
+def test_the_forecast_reads_the_cells_baseline_on_the_hardware_this_machine_is(monkeypatch):
+    with tarfile.open(JUDGED) as tar:  # the H200's own answer to the fingerprint
+        env = json.load(tar.extractfile("gate2/results.json"))["env"]
+    monkeypatch.setattr(perfsuite.hardware, "fingerprint", lambda: env)
+    cell_id, quad_sd, quads = H200_FORECASTS[2]
+    said = cell_forecast(cells.get(cell_id), 5, "auto", 4, 0.02)
+    assert said["source"].startswith("baselines h200-140gb-x1 (recorded run 2026-11-28")
+    assert said["quads"] == quads and said["quad_sd"] == pytest.approx(quad_sd, rel=0.05)
+
+
+def test_a_cell_recorded_with_too_few_steps_has_no_forecast_and_auto_keeps_the_default():
+    said = forecast([[0.1] * 11, [0.1] * 12], 5, "auto", 4, 0.05, "cpu")
+    assert said["quads"] == ab.DEFAULT_QUADS and "quad_sd" not in said
+    assert "have 12 steps at most; a forecast needs 8 windows of 5" in said["reason"]
+    assert forecast_line(said, 0.05).startswith("forecast: none (") and "16 quads a pair" in forecast_line(said, 0.05)
+
+
+def test_quads_auto_gives_each_cell_the_quads_its_forecast_asks(tmp_path, monkeypatch):
+    asked = []
+
+    def fake_pair(cell, opts, dirs, *, quads, window_steps, first, **kwargs):
+        asked.append(quads)
+        windows = [{"side": side, "value": 0.1 * (1 + 0.001 * (i % 3)), "steps": [], "settling": q == 0}
+                   for q in range(quads + 1) for i, side in enumerate("ABBA")]
+        ok = {"id": cell.id, "params": cell.params(), "env": {"cpu_model": "x", "cpu_cores": 2, "gpu_count": 0},
+              "checks": [], "ranks": [], "status": "ok", "reason": None, "duration_s": 1.0,
+              "metrics": {"step_time": {"value": 0.1, "unit": "s", "samples": [0.1] * 5}}}
+        return PairRun({side: {**ok, "dir": str(dirs[side])} for side in "AB"}, windows, 0.5)
+
+    monkeypatch.setattr("perfsuite.ab.session.run_pair", fake_pair)
+    monkeypatch.setattr("perfsuite.ab.session.cell_forecast", lambda cell, w, q, p, t: forecast(
+        h200_steps(H200_FORECASTS[1][0]), w, q, p, t, "h200"))
+    lines = []
+    side_a, side_b = ab.Side("A", sys.executable, {}), ab.Side("B", sys.executable, {})
+    ab.ABSession([tiny_image_cell(world_size=1)], side_a, side_b, tmp_path, mode="resident", quads="auto",
+                 tolerance=0.02, log=lines.append).run()
+    record = json.loads((tmp_path / "ab.json").read_text())["cells"][0]
+    assert asked == [9, 9] and record["forecast"]["quads"] == 9 and record["verdict"] == "same"
+    assert any(line.strip().startswith("9 quads a pair; forecast from the steps recorded here") for line in lines)
+    assert json.loads((tmp_path / "ab.json").read_text())["settings"]["resident"]["quads_per_pair"] == "auto"
+    assert math.isfinite(record["detectable"])
+
+
+def test_quads_must_be_a_number_or_auto(capsys):
+    with pytest.raises(SystemExit) as ended:
+        cli.main(["ab", "smoke/image/ddp-ds/c1/fp32/px32/nopin/nchw", "--quads", "many"])
+    assert ended.value.code == 2 and "'many': give a number of quads, or auto" in capsys.readouterr().err
+    ab.check_resident_settings("resident", 5, "auto", 4)  # accepted: each cell's own, 4-64
