@@ -108,7 +108,7 @@ def ab(folder: Path) -> dict[str, Any]:
             for condition, judged in trial.get("conditions", {}).items():
                 sessions.setdefault(condition, []).append(
                     {k: judged.get(k) for k in ("verdict", "ratio", "ci_low", "ci_high", "detectable", "seconds",
-                                                "reason")})
+                                                "reason", "quad_sd", "forecast_quad_sd")})
         out[record.get("cell") or path.parent.name] = sessions
     return out
 
@@ -144,7 +144,9 @@ def _session(s: dict[str, Any]) -> str:
             and isinstance(s.get("ci_high"), (int, float)) else "")
     detect = f", detects {s['detectable'] * 100:.2f} %" if isinstance(s.get("detectable"), (int, float)) else ""
     wall = f", {s['seconds']:.0f} s" if isinstance(s.get("seconds"), (int, float)) else ""
-    return f"{s['verdict']} {ratio}{span}{detect}{wall}"
+    scatter = (f", quads {s['quad_sd'] * 100:.2f} %" if isinstance(s.get("quad_sd"), (int, float)) else "") + (
+        f" (forecast {s['forecast_quad_sd'] * 100:.2f} %)" if isinstance(s.get("forecast_quad_sd"), (int, float)) else "")
+    return f"{s['verdict']} {ratio}{span}{detect}{scatter}{wall}"
 
 
 def _gate_lines(name: str, g: dict[str, Any]) -> list[str]:

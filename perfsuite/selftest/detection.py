@@ -44,6 +44,7 @@ from perfsuite.results import merge_repeats
 from perfsuite.runner import REMEASURE_ROUNDS
 from perfsuite.schemas.results import SCHEMA
 from perfsuite.stats import launches as launchstats
+from perfsuite.stats.windows import within_pair_variance
 from perfsuite.system.atomic import atomic_write_json
 
 DEFAULT_CELL = "smoke/image/ddp-ds/c1/fp32/px32/nopin/nchw"
@@ -348,13 +349,17 @@ def run_ab_session(cell: cells.Cell, out_dir: Path, fault: str | None = None, *,
     if session.run() == EXIT_INTERRUPTED:
         raise KeyboardInterrupt
     (judged,) = session.data["cells"]
+    quads = [judged_quads(p["windows"]) for p in judged.get("pairs") or []]
+    within = within_pair_variance(quads)
     return {"verdict": judged["verdict"], "ratio": judged.get("ratio"),
+            # a quad's measured scatter beside what the recorded steps forecast (perfsuite.ab.forecast)
+            "quad_sd": round(math.sqrt(within), 6) if within is not None else None,
+            "forecast_quad_sd": (judged.get("forecast") or {}).get("quad_sd"),
             "ci_low": judged.get("ci_low"), "ci_high": judged.get("ci_high"),
             "detectable": judged.get("detectable"), "confidence": judged.get("confidence"),
             "mode": judged.get("mode"), "pairs": len(judged.get("pairs") or []),
             # what the verdict weighed, so that a stored record can be judged again (its looks)
-            "pair_quads": [{"first": p["first"], "quad_log_ratios": judged_quads(p["windows"])}
-                           for p in judged.get("pairs") or []],
+            "pair_quads": [{"first": p["first"], "quad_log_ratios": d} for p, d in zip(judged.get("pairs") or [], quads)],
             "launches": judged["n_a"] + judged["n_b"], "seconds": round(time.time() - started, 1)}
 
 
