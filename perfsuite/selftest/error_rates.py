@@ -139,6 +139,10 @@ def _earlier_sessions(path: Path, settings: dict[str, Any], host: dict[str, Any]
         raise ValueError(f"{path} was measured on another machine "
                          f"({'; '.join(f'{k}: {a} there, {b} here' for k, (a, b) in moved.items())}); "
                          "its rates are that machine's: choose another --out")
+    if saved_host.get("commit") != host.get("commit"):  # another decision rule, perhaps: not one rate
+        there, here = (str(h.get("commit") or "unknown")[:7] for h in (saved_host, host))
+        raise ValueError(f"{path} was measured by perfsuite at commit {there} there, {here} here: one rate is "
+                         "one version's sessions; choose another --out (or check out that commit to go on)")
     return sessions, saved_host
 
 

@@ -129,7 +129,7 @@ def test_resume_goes_on_from_the_sessions_a_stopped_run_left(tmp_path, monkeypat
     with pytest.raises(KeyboardInterrupt):
         measured(tmp_path)
     path = tmp_path / "error-rates.json"
-    first = json.loads(path.read_text())["per_session"]
+    first, first_host = (json.loads(path.read_text())[k] for k in ("per_session", "host"))
     assert [(s["kind"], s["index"]) for s in first] == [("aa", 0), ("injected", 0)]
     with pytest.raises(ValueError, match="already holds 2 session"):
         measured(tmp_path)
@@ -156,6 +156,11 @@ def test_resume_goes_on_from_the_sessions_a_stopped_run_left(tmp_path, monkeypat
     moved["host"]["cpu"] = "another CPU"
     path.write_text(json.dumps(moved))
     with pytest.raises(ValueError, match="measured on another machine"):
+        measured(tmp_path, sessions=3, resume=True)
+    moved["host"]["cpu"] = first_host["cpu"]
+    moved["host"]["commit"] = "0" * 40  # the sessions so far, by another version of perfsuite
+    path.write_text(json.dumps(moved))
+    with pytest.raises(ValueError, match="by perfsuite at commit 0000000 there, .* here: one rate is one version's"):
         measured(tmp_path, sessions=3, resume=True)
 
 
