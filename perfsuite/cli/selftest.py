@@ -182,7 +182,8 @@ def _error_rates_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, metavar="DIR",
                    help="where the sessions and error-rates.json go (default: .perfsuite/error-rates)")
     p.add_argument("--resume", action="store_true",
-                   help="go on from the sessions a stopped run left in --out (or add sessions: a larger --sessions)")
+                   help="go on from the sessions a stopped run left in --out (or add sessions: a larger --sessions), "
+                        "measured on this machine by this commit with these settings")
     p.add_argument("--from-detection", type=Path, metavar="FILE",
                    help="measure nothing: the figures from a record of `verdict-detection --ab` (its unchanged "
                         "sessions are A/A ones), written to --out where given (default: none, measure)")
