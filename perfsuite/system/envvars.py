@@ -227,6 +227,13 @@ VARIABLES: tuple[Variable, ...] = (
           "/tmp/perfsuite-acceptance",
           ".ci/gpu-acceptance",
           accepts=A_PATH),
+    _user("PERFSUITE_ACCEPTANCE_AB_QUADS",
+          "The quads a launch pair of `.ci/gpu-acceptance`'s A/B part: a number (4 or more), or auto (each "
+          "cell as many as its recorded steps forecast resolve 2 %).",
+          "4",
+          ".ci/gpu-acceptance",
+          accepts=Accepts("a number of quads (4 or more), or auto",
+                          lambda v: None if v == "auto" else whole(4).why(v))),
     _user("PERFSUITE_ACCEPTANCE_BUDGET_S",
           "The seconds `.ci/gpu-acceptance` may take in all; a part that would start with under 30 s "
           "left is not run.",

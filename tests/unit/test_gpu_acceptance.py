@@ -21,10 +21,10 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / ".ci" / "gpu-acceptance"
 
 
-def dry_run(*parts: str) -> dict[str, list[list[str]]]:
+def dry_run(*parts: str, **env: str) -> dict[str, list[list[str]]]:
     """Each part's commands, as argv lists."""
     out = subprocess.run(["bash", str(SCRIPT), "--dry-run", *parts], capture_output=True, text=True,
-                         check=True, env={**os.environ, "PERFSUITE_PYTHON": "python3"}).stdout
+                         check=True, env={**os.environ, "PERFSUITE_PYTHON": "python3", **env}).stdout
     commands: dict[str, list[list[str]]] = {}
     for line in out.splitlines():
         if line.startswith("# "):
@@ -69,6 +69,13 @@ def test_the_gpu_halves_of_attribution_and_error_rates_run_on_the_quiet_cell_wit
     (ab, *_) = dry_run("ab")["ab"]
     assert args.quads == parser.parse_args(ab[3:]).quads  # the A/B part's windows
     assert all(parser.parse_args(argv[3:]).resume for argv in dry_run("ab")["ab"])  # a cut part goes on
+
+
+def test_the_ab_parts_quads_are_four_unless_asked_for_each_cells_forecast():
+    parser = build_parser()
+    assert {parser.parse_args(argv[3:]).quads for argv in dry_run("ab")["ab"]} == {4}
+    forecast = dry_run("ab", "rates", PERFSUITE_ACCEPTANCE_AB_QUADS="auto")
+    assert {parser.parse_args(argv[3:]).quads for argv in forecast["ab"] + forecast["rates"]} == {"auto"}
 
 
 def test_its_perfsuite_commands_parse():
