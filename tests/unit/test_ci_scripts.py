@@ -269,7 +269,7 @@ def test_the_actions_ab_measures_the_cells_it_matched_and_warns_when_undecided(t
     (call,) = logged(Path(runner["STUB_LOG"]))
     wanted = [c.id for c in cells.select(tier="gate", workload="image") if c.world_size == 1 and not c.profile]
     assert wanted and call == ["ab", *wanted, "--a-ref", "base123", "--b-ref", "HEAD", "--gpus", "0",
-                               "--tolerance", "0.02", "--out", ".perfsuite/ab"]
+                               "--tolerance", "0.02", "--quads", "16", "--out", ".perfsuite/ab"]
     assert ("::warning::perfsuite ab: a cell is undecided" in done.stdout) == (rc == 3)
 
 
@@ -407,6 +407,6 @@ def test_a_dry_run_of_the_actions_steps_as_the_workflows_ab_job_runs_them(tmp_pa
     assert summary.startswith("<!-- perfsuite-ab -->\n") and "https://example.org/artifacts/4242" in summary
     calls = logged(Path(runner["STUB_LOG"]))
     assert calls[0][0] == "ab" and "gate/image/ddp-ds/g1/fp32/px500/pin/nchw" in calls[0]
-    assert calls[0][-10:] == ["--a-ref", "base123", "--b-ref", "HEAD", "--gpus", "0", "--tolerance", "0.02",
-                              "--out", str(tmp_path / "ab")]
+    assert calls[0][-12:] == ["--a-ref", "base123", "--b-ref", "HEAD", "--gpus", "0", "--tolerance", "0.02",
+                              "--quads", "16", "--out", str(tmp_path / "ab")]
     assert calls[-1][:4] == ["api", "--method", "POST", "repos/lab/perfsuite/issues/5/comments"]
