@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, ClassVar, cast
 
 from perfsuite.judge.accepted import accept_verdict
 from perfsuite.judge.baselines import CounterBaseline, norm
 from perfsuite.judge.lookup import Expectation
+from perfsuite.judge.spreads import launch_kind
 from perfsuite.rank import counters
 from perfsuite.schemas.records import CheckRecord
 from perfsuite.stats import launches as launchstats
@@ -119,6 +120,15 @@ def _from_comparison(name: str, metric: str, unit: str, cmp: Comparison,
                    message, cell, missing="spread" if cmp.reason == launchstats.DRIFT_UNKNOWN else None)
 
 
+def whose_spread(verdict: Verdict, result: Mapping[str, Any], exp: Expectation) -> Verdict:
+    """An `unknown` for want of a launch spread says whose kind wants one: the
+    folder may hold other kinds' spreads (perfsuite.judge.spreads)."""
+    if verdict.missing != "spread":
+        return verdict
+    return replace(verdict, message=f"{verdict.message} (no spread of {launch_kind(result.get('params') or {})} "
+                   f"launches is recorded for {exp.baseline} or its hardware)")
+
+
 class StepTimeNotRegressed:
     """Step-time samples against baseline samples (preferred) or one number."""
 
@@ -157,10 +167,10 @@ class StepTimeNotRegressed:
                                                self.confidence, statistic="median",
                                                spread=exp.launch_spread)
             expected = exp.value
+        verdict = whose_spread(_from_comparison(self.name, self.metric, data.get("unit", "s"), cmp,
+                                                summary(observed)["median"], expected, exp, cell), result, exp)
         # a regression accepted on purpose: judged against the baseline times its ratio
-        return accept_verdict(_from_comparison(self.name, self.metric, data.get("unit", "s"), cmp,
-                                               summary(observed)["median"], expected, exp, cell),
-                              baseline_commit=exp.commit or None)
+        return accept_verdict(verdict, baseline_commit=exp.commit or None)
 
 
 class PeakMemoryNotRegressed:

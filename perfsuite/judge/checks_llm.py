@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from perfsuite.judge.checks import StepTimeNotRegressed, Verdict, _from_comparison, _not_ok
+from perfsuite.judge.checks import StepTimeNotRegressed, Verdict, _from_comparison, _not_ok, whose_spread
 from perfsuite.judge.lookup import Expectation
 from perfsuite.stats import launches as launchstats
 from perfsuite.stats.samples import summary
@@ -55,7 +55,7 @@ class TimePerTokenNotRegressed(StepTimeNotRegressed):
                            message=f"cell {cell} reported no tokens to judge its steps by")
         cmp = launchstats.compare_launches([[v] for v in values], [[exp.value]], exp.tolerance,
                                            self.confidence, spread=exp.launch_spread)
-        verdict = _from_comparison(self.name, self.metric, "s/token", cmp,
-                                   summary(values)["median"], exp.value, exp, cell)
+        verdict = whose_spread(_from_comparison(self.name, self.metric, "s/token", cmp,
+                                                summary(values)["median"], exp.value, exp, cell), result, exp)
         verdict.message += "; each launch: its total step time over its total tokens"
         return verdict

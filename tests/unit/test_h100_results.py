@@ -148,6 +148,8 @@ def test_an_llm_cell_is_never_judged_with_the_image_cells_launch_spread(sets):
     assert step["verdict"] == "unknown" and step["ratio"] == pytest.approx(1 / 0.9, abs=0.001)
     assert step["ci_high"] is None and "one launch a side" in step["message"]  # no upper end
     assert step["missing"] == "spread"  # what a runner recording its own baselines launches again for
+    assert "(no spread of llm/pageable launches is recorded for h100-80gb-hbm3-80gb-x1 or its hardware)" in (
+        step["message"])
     pinned = judged(by_id("px500-b64-g1-repeats4")[PIN], by_id("px500-b64-g1"), sets)["step_time"]
     assert pinned["verdict"] == "same"  # its own kind's spread still judges it
 
