@@ -327,7 +327,8 @@ def why_no_gpu() -> str | None:
     return "; ".join(facts)
 
 
-def _git_commit() -> str | None:
+def git_commit() -> str | None:
+    """The commit of perfsuite's own checkout (None where it is no git checkout)."""
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                              timeout=5, cwd=Path(__file__).parent)
@@ -353,7 +354,7 @@ def fingerprint() -> dict[str, Any]:
         "torchtune": _version("torchtune"),
         "torchao": _version("torchao"),
         "perfsuite": _version("perfsuite"),
-        "commit": _git_commit(),
+        "commit": git_commit(),
         "cuda": torch.version.cuda,
         "cudnn": None,
         "nccl": None,

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from perfsuite import cells, options
+from perfsuite.hardware import git_commit
 from perfsuite.judge.baselines import load_all
 from perfsuite.judge.checks import WorkCountersUnchanged
 from perfsuite.judge.judging import judge, needs_more_launches
@@ -220,7 +221,7 @@ def measure_detection(trials: int = 20, cell_id: str = DEFAULT_CELL, steps: int 
     in ``work_dir`` when ``resume``); detection.json is rewritten after each."""
     cell = cells.get(cell_id).replace(max_steps=steps)
     work = Path(work_dir or tempfile.mkdtemp(prefix="perfsuite-detection-"))
-    settings = {"cell": cell.id, "steps": steps, "launches": launches,
+    settings = {"cell": cell.id, "steps": steps, "launches": launches, "perfsuite_commit": git_commit(),
                 "reference_launches": reference_launches, "statistic": statistic}
     summary_path = work / "detection.json"
     records = _earlier_trials(summary_path, settings, resume)
@@ -387,6 +388,7 @@ def measure_ab_detection(trials: int = 20, cell_id: str = DEFAULT_CELL, steps: i
     faults = {name: ab_fault(fault_kind, cell, slowdown) for name, slowdown in conditions.items() if slowdown}
     work = Path(work_dir or tempfile.mkdtemp(prefix="perfsuite-ab-detection-"))
     settings = {"cell": cell.id, "tolerance": tolerance, "fault_kind": fault_kind, "mode": mode,
+                "perfsuite_commit": git_commit(),  # one version's trials: --resume goes on only at it
                 "conditions": list(conditions), "resident": resident or {}}
     # kept as each session ends (a trial cut between its sessions is "partial"):
     # --resume goes on from the sessions a stopped run left

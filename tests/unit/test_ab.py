@@ -339,6 +339,11 @@ def test_the_ab_detection_benchmark_goes_on_from_the_trials_a_stopped_run_left(t
         detection.measure_ab_detection(trials=2, **quiet)
     with pytest.raises(ValueError, match="other settings.*tolerance"):
         detection.measure_ab_detection(trials=2, resume=True, **{**quiet, "tolerance": 0.02})
+    saved = json.loads((tmp_path / "ab-detection.json").read_text())
+    (tmp_path / "ab-detection.json").write_text(json.dumps({**saved, "perfsuite_commit": "0" * 40}))
+    with pytest.raises(ValueError, match="other settings.*perfsuite_commit: 0000"):  # another version's trials
+        detection.measure_ab_detection(trials=2, resume=True, **quiet)
+    (tmp_path / "ab-detection.json").write_text(json.dumps(saved))
     lines = []
     out = detection.measure_ab_detection(trials=2, resume=True, **{**quiet, "log": lines.append})
     saved = json.loads((tmp_path / "ab-detection.json").read_text())["trials"]
