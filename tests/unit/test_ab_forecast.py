@@ -106,3 +106,18 @@ def test_quads_must_be_a_number_or_auto(capsys):
         cli.main(["ab", "smoke/image/ddp-ds/c1/fp32/px32/nopin/nchw", "--quads", "many"])
     assert ended.value.code == 2 and "'many': give a number of quads, or auto" in capsys.readouterr().err
     ab.check_resident_settings("resident", 5, "auto", 4)  # accepted: each cell's own, 4-64
+
+
+def test_the_h100s_recorded_steps_with_their_epoch_boundaries_forecast_as_its_sessions_measured():
+    """The H100 folder's samples hold each epoch's first step (0.33-0.60 s) and
+    partial batch (68 ms): a window's median takes them in its stride, so the
+    pinned cell forecasts the 0.04 % a quad its resident sessions showed
+    (tests/data/h100-2026-11-26: pairs within ±0.04 % over 16 quads)."""
+    folder = bl.load_profile(bl.PROJECT_BASELINES / "h100-80gb-hbm3-80gb-x1")
+    said = {}
+    for precision, pin in (("fp32", "pin"), ("fp16", "nopin"), ("fp32", "nopin"), ("fp64", "nopin")):
+        pooled, launches = samples_of(folder.samples[f"{CELL.format(precision, pin)}:step_time"])
+        said[precision, pin] = forecast(list(launches) or [list(pooled)], 5, "auto", 4, 0.02, "h100")
+    assert said["fp32", "pin"]["quad_sd"] < 0.0006 and said["fp32", "pin"]["quads"] == 4
+    others = [said[k] for k in said if k != ("fp32", "pin")]
+    assert all(0.025 < s["quad_sd"] < 0.05 and 8 <= s["quads"] <= 16 for s in others)
