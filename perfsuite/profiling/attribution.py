@@ -104,9 +104,16 @@ class Attribution:
 
     @property
     def top(self) -> list[AttributionRow]:
-        """Every level's listed rows by |change|, largest first."""
-        rows = [row for level in self.levels.values() for row in level.rows]
-        return sorted(rows, key=lambda r: (-abs(r.delta_s), LEVELS.index(r.level), r.name))
+        """Every level's listed rows by |change|, largest first; a module whose
+        change is the first row's within their noise leads it (it holds that
+        operator's or kernel's change, and says where in the model)."""
+        rows = sorted((row for level in self.levels.values() for row in level.rows),
+                      key=lambda r: (-abs(r.delta_s), LEVELS.index(r.level), r.name))
+        lead = rows[0] if rows else None
+        holder = next((r for r in rows[1:] if lead.level != "module" and r.level == "module"
+                       and r.delta_s * lead.delta_s > 0
+                       and abs(lead.delta_s) - abs(r.delta_s) <= max(lead.noise_s, r.noise_s)), None)
+        return [holder, *(r for r in rows if r is not holder)] if holder else rows
 
     @property
     def explained(self) -> float | None:
