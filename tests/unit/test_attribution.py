@@ -152,20 +152,28 @@ def test_a_row_whose_calls_per_step_changed_is_listed_under_the_time_noise_and_s
 
 
 def _train(model, steps, fault=None):
-    """Steps 4 on of ``model``, profiled in this process; their summary."""
+    """Steps 4 on of ``model``, profiled in this process; their summary. On
+    one thread: the suite's workers share 2 cores, and torch's threads
+    spinning against another worker's made a step 0.6 ms one moment and 36 ms
+    the next, which sized the faults wrong and buried them."""
     import torch
 
     from perfsuite.profiling.torch_profile import StepProfiler
 
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     images = torch.randn(4, 3, 16, 16)
-    with StepProfiler("torch", wait=3, warmup=1, active=steps - 4, cuda=False) as prof:
-        for step in range(steps):
-            faults.extra_work(fault, 0, step, model)
-            optimizer.zero_grad()
-            model(images).sum().backward()
-            optimizer.step()
-            prof.step()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with StepProfiler("torch", wait=3, warmup=1, active=steps - 4, cuda=False) as prof:
+            for step in range(steps):
+                faults.extra_work(fault, 0, step, model)
+                optimizer.zero_grad()
+                model(images).sum().backward()
+                optimizer.step()
+                prof.step()
+    finally:
+        torch.set_num_threads(threads)
     return prof.summary()
 
 
