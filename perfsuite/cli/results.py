@@ -74,7 +74,7 @@ def cmd_baseline_record(args: argparse.Namespace) -> int:
             "unchanged": int((plan.diff["change"] == "same").sum()),
             "launch_spread": {kind: {k: v.to_dict() for k, v in entries.items()}
                               for kind, entries in plan.launch_spreads.items()},
-            "launch_statistic_chosen": plan.chosen or None,
+            "launch_statistic_chosen": plan.chosen or None, "kinds_without_spread": list(plan.unspread),
             "counted_cells": plan.counted_cells, "profiled_cells": plan.profiled_cells})
     else:
         print(plan.describe())

@@ -57,7 +57,7 @@ from perfsuite.judge.baselines import (
     run_profile,
 )
 from perfsuite.judge.lookup import samples_of
-from perfsuite.judge.spreads import Spreads, launch_kind, spreads_json
+from perfsuite.judge.spreads import ANY_KIND, Spreads, launch_kind, spreads_json
 from perfsuite.stats import launches as launchstats
 from perfsuite.system.atomic import atomic_write_text
 from perfsuite.system.locking import FolderLock, LockBusy
@@ -141,6 +141,7 @@ class RecordPlan:
     counted_cells: int = 0  # cells whose work counters were recorded
     profiled_cells: int = 0  # cells whose profile summary was recorded
     chosen: str = ""  # the launch statistic the folder now judges by, and why, where recording chose it
+    unspread: tuple[str, ...] = ()  # launch kinds of the folder's timed cells without a spread there
 
     def describe(self) -> str:
         shown = {"added": "{r.id}: {r.new}", "removed": "{r.id}: {r.old}",
@@ -155,8 +156,11 @@ class RecordPlan:
         profiled = [f"profile summaries of {self.profiled_cells} cell(s) in {PROFILES_FILE} (the "
                     f"{ROWS_KEPT} largest rows of each kind)"] * bool(self.profiled_cells)
         chosen = [f"launch statistic {self.chosen}"] * bool(self.chosen)
+        unspread = [f"no between-launch spread of {', '.join(self.unspread)} launches: one launch of such a cell "
+                    "against one is unknown until a run with --perf-repeats 4 or --perf-record-new records "
+                    "it"] * bool(self.unspread)
         return "\n".join([f"{self.folder}:"] + lines + [f"{same} row(s) unchanged"] + spread + chosen
-                         + counted + profiled)
+                         + unspread + counted + profiled)
 
 
 def steadier(spreads: Spreads) -> tuple[str, str] | None:
@@ -314,8 +318,10 @@ def _plan(results: Mapping[str, Any] | list, profile_id: str, folder: Path, forc
     elif ("launch_statistic" not in meta or "launch_statistic_chosen" in meta) and (
             chosen := steadier(folder_spreads)):
         meta["launch_statistic"], meta["launch_statistic_chosen"] = chosen
+    timed = {kinds[cell] for cell in merged.loc[merged["metric"].isin(STEP_METRICS), "cell"]}
     plan = RecordPlan(folder, merged, samples, diff_tables(old_rows, merged), write, spreads,
-                      len(counted), len(profiled), meta.get("launch_statistic_chosen", ""))
+                      len(counted), len(profiled), meta.get("launch_statistic_chosen", ""),
+                      () if ANY_KIND in folder_spreads else tuple(sorted(timed - set(folder_spreads))))
     old_counters = read_json(folder / COUNTERS_FILE)["entries"] if old and old.counters else []
     counters_text = _merged_counters(old_counters, counted) if counted else None
     # Checked as the folder's next load will check them, before anything is

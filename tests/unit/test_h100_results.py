@@ -175,9 +175,10 @@ def test_the_folder_is_what_recording_makes_of_these_files(tmp_path):
     for day, name in RECORDED_FROM:
         run = results(name, day)
         started = datetime.datetime.fromtimestamp(run["run"]["started"], datetime.timezone.utc)
-        recording.record_run(run, PROFILE, root=tmp_path, launch_statistic="median",
-                             date=started.strftime("%Y-%m-%dT%H:%M:%SZ"))
+        plan = recording.record_run(run, PROFILE, root=tmp_path, launch_statistic="median",
+                                    date=started.strftime("%Y-%m-%dT%H:%M:%SZ"))
     made, kept = bl.load_profile(tmp_path / PROFILE), bl.load_profile(FOLDER)
+    assert plan.unspread == ("image/pageable", "llm/pageable")  # said when recorded: unknown until measured
     hand_set = ["tolerance"]  # re-recording keeps them; profile.json says why
     pd.testing.assert_frame_equal(made.metrics.drop(columns=hand_set),
                                   kept.metrics.drop(columns=hand_set))

@@ -98,9 +98,10 @@ def test_the_folder_is_what_recording_makes_of_the_judged_run_then_the_first(run
     for name in ("judged", "first"):
         run = runs[name]
         started = datetime.datetime.fromtimestamp(run["run"]["started"], datetime.timezone.utc)
-        recording.record_run(run, PROFILE, root=tmp_path, launch_statistic="floor",
-                             date=started.strftime("%Y-%m-%dT%H:%M:%SZ"))
+        plan = recording.record_run(run, PROFILE, root=tmp_path, launch_statistic="floor",
+                                    date=started.strftime("%Y-%m-%dT%H:%M:%SZ"))
     made, kept = bl.load_profile(tmp_path / PROFILE), bl.load_profile(FOLDER)
+    assert plan.unspread == ("image/pinned",) and "no between-launch spread of image/pinned" in plan.describe()
     pd.testing.assert_frame_equal(made.metrics, kept.metrics)
     assert made.samples == kept.samples and list(made.counters) == list(kept.counters)
     assert made.launch_spread == kept.launch_spread
