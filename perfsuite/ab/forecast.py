@@ -29,8 +29,9 @@ from perfsuite.ab.resident import SETTLING_QUADS
 from perfsuite.ab.settings import MAX_QUADS, MIN_PAIRS
 from perfsuite.ab.verdicts import pair_look_confidence
 from perfsuite.cells import Cell
+from perfsuite.judge.lookup import find_here
 from perfsuite.options import AUTO_QUADS, AUTO_QUADS_RANGE, DEFAULT_QUADS
-from perfsuite.stats.windows import ORDER, design_half_width, window_value
+from perfsuite.stats.windows import ORDER, design_half_width, fewest_quads, window_value
 
 
 def quad_scatter(launches: Sequence[Sequence[float]], window_steps: int) -> tuple[float, int] | None:
@@ -65,7 +66,8 @@ def forecast(launches: Sequence[Sequence[float]], window_steps: int, quads: int 
     def detectable(pairs: int, at_quads: int) -> float:
         return math.expm1(design_half_width(within, 0.0, at_quads, pairs, pair_look_confidence(max_pairs)))
 
-    enough = next((q for q in range(4, MAX_QUADS + 1) if detectable(MIN_PAIRS, q) <= tolerance), None)
+    enough = fewest_quads(within, 0.0, math.log1p(tolerance), pair_look_confidence(max_pairs), pairs=MIN_PAIRS,
+                          most=MAX_QUADS)
     least, most = AUTO_QUADS_RANGE
     chosen = min(max(enough or most, least), most) if quads == AUTO_QUADS else int(quads)
     return {"source": source, "quads": chosen, "quad_sd": round(math.sqrt(within), 6),
@@ -76,18 +78,10 @@ def forecast(launches: Sequence[Sequence[float]], window_steps: int, quads: int 
 def cell_forecast(cell: Cell, window_steps: int, quads: int | str, max_pairs: int,
                   tolerance: float) -> dict[str, Any]:
     """The forecast from the step times recorded for ``cell`` on this machine's hardware profile."""
-    from perfsuite import hardware
-    from perfsuite.judge.baselines import BaselineError, load_all
-    from perfsuite.judge.lookup import find_expectation
-
-    try:
-        found = find_expectation(cell.params(), "step_time", hardware.profile_id(hardware.fingerprint()),
-                                 sets=load_all())
-        why = found.reason or f"{found.baseline} keeps no step samples of it"
-    except BaselineError as err:
-        found, why = None, f"no baselines read ({err})"
-    if found is None or not found.samples:
-        return {**forecast([], window_steps, quads, max_pairs, tolerance, None), "reason": why}
+    found = find_here(cell.params(), "step_time")
+    if not found.samples:
+        return {**forecast([], window_steps, quads, max_pairs, tolerance, None),
+                "reason": found.reason or f"{found.baseline} keeps no step samples of it"}
     return forecast(found.launches or [found.samples], window_steps, quads, max_pairs, tolerance,
                     f"baselines {found.baseline} ({found.source})")
 

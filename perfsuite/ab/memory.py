@@ -19,10 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from perfsuite import hardware
 from perfsuite.cells import Cell
-from perfsuite.judge.baselines import BaselineError, load_all
-from perfsuite.judge.lookup import find_expectation
+from perfsuite.judge.lookup import find_here
 from perfsuite.launch.launch import LaunchOptions
 
 # The memory plan's terms (choose_plan). Outside the caching allocator a
@@ -116,12 +114,7 @@ def device_memory(cell: Cell, launch: LaunchOptions | None) -> int | None:
 def recorded_peak(cell: Cell) -> tuple[float | None, str]:
     """The cell's peak reserved memory recorded on this hardware, and where
     it is from (or why there is none)."""
-    try:
-        sets = load_all()
-    except BaselineError as err:
-        return None, f"no baselines read ({err})"
-    found = find_expectation(cell.params(), "peak_mem_reserved", hardware.profile_id(hardware.fingerprint()),
-                             sets=sets)
+    found = find_here(cell.params(), "peak_mem_reserved")
     if found.value:
         return float(found.value), f"baselines {found.baseline} ({found.source})"
     return None, found.reason

@@ -16,7 +16,7 @@ from perfsuite.judge import accepted as accepted_mod
 from perfsuite.judge.checks import FAILING
 from perfsuite.stats import launches as launchstats
 from perfsuite.stats.samples import DEFAULT_CONFIDENCE
-from perfsuite.stats.windows import design_half_width, within_pair_variance
+from perfsuite.stats.windows import design_half_width, fewest_quads, within_pair_variance
 
 ORDER = "ABBA"  # one round; every round the same, so each side leads half the rounds
 DECIDED = ("same", "regressed", "improved")
@@ -85,8 +85,8 @@ def what_would_decide(quads_by_pair: list[list[float]], ratio: float | None, tau
     target = edge - m if m < edge else m  # the interval's half-width that would decide
     scatter = (f"a quad's log-ratio scattered {math.sqrt(within) * 100:.2f} % within its pair"
                + (f", the pairs {math.sqrt(tau2) * 100:.2f} % between them" if tau2 > 0 else ""))
-    more_quads = next((q for q in range(quads + 1, MAX_QUADS + 1) if design_half_width(
-        within, tau2, q, MIN_PAIRS, pair_look_confidence(max_pairs)) <= target), None)
+    more_quads = fewest_quads(within, tau2, target, pair_look_confidence(max_pairs), pairs=MIN_PAIRS,
+                              least=quads + 1, most=MAX_QUADS)
     more_pairs = next((p for p in range(max_pairs + 1, MAX_PAIRS + 1) if p in look_pairs(p) and design_half_width(
         within, tau2, quads, p, pair_look_confidence(p)) <= target), None)
     ways = ([f"about --quads {more_quads} (decided after {MIN_PAIRS} pairs)"] * bool(more_quads)

@@ -18,11 +18,13 @@ from typing import Any
 
 import pandas as pd
 
+from perfsuite import hardware
 from perfsuite.judge.baselines import (
     HIGHER_IS_BETTER,
     KEY_COLUMNS,
     PORTABLE_METRICS,
     RATIO_METRICS,
+    BaselineError,
     BaselineSet,
     CounterBaseline,
     counter_versions,
@@ -234,6 +236,16 @@ def find_expectation(params: Mapping[str, Any], metric: str, profile_id: str | N
                      **options: Any) -> Expectation:
     """The best comparable expectation, or one that says why there is none."""
     return find_expectations(params, metric, profile_id, **options)[0]
+
+
+def find_here(params: Mapping[str, Any], metric: str) -> Expectation:
+    """The best expectation on this machine's hardware profile, from the
+    baselines root; one that says why where there is none or they cannot be read."""
+    try:
+        sets = load_all()
+    except BaselineError as err:
+        return Expectation(metric, reason=f"no baselines read ({err})")
+    return find_expectation(params, metric, hardware.profile_id(hardware.fingerprint()), sets=sets)
 
 
 def find_time_per_token(params: Mapping[str, Any], profile_id: str | None, *,

@@ -32,7 +32,7 @@ def launch_kind(params: Mapping[str, Any]) -> str:
     workload = str(params.get("workload") or "")
     if str(params.get("device") or "cpu") != "cuda":
         return workload
-    pinned = str(params.get("pin_memory")).strip().lower() in ("true", "1", "yes")
+    pinned = str(params.get("pin_memory")).strip().lower() == "true"  # a bool, or a row's "true"
     return f"{workload}/{'pinned' if pinned else 'pageable'}"
 
 

@@ -187,6 +187,16 @@ def design_half_width(within: float, tau2: float, quads: int, pairs: int, confid
     return float(_sps.t.ppf(0.5 + confidence / 2, dof)) * math.sqrt((se2 + tau2) / pairs)
 
 
+def fewest_quads(within: float, tau2: float, target: float, confidence: float, *, pairs: int = 2,
+                 least: int = MIN_QUADS, most: int = 1000) -> int | None:
+    """The fewest quads a pair (``least`` to ``most``) at which ``pairs`` launch
+    pairs give a half-width of at most ``target`` at this scatter; None where
+    none does (``tau2``, a launch-level effect, keeps an interval wide
+    however many quads: the half-width need not shrink with them)."""
+    return next((q for q in range(least, most + 1)
+                 if design_half_width(within, tau2, q, pairs, confidence) <= target), None)
+
+
 def detectable_change(ci_low: float | None, ci_high: float | None) -> float | None:
     """The smallest change an interval of a ratio resolves: its half-width as
     a ratio, ``sqrt(high / low) - 1`` (for the pooled interval above,
