@@ -11,9 +11,9 @@ that would resolve the tolerance at the first look.
 
 A forecast, said as one: launch-to-launch effects are not in it (a session
 measures them), and a resident window follows a parked side's, not its own
-launch's last step. On one H200 (tests/data/h200-2026-11-28) the recorded
+launch's last step. On one H200 (baselines/h200-140gb-x1) the recorded
 steps put the pinned fp32 cell's quads at 0.06 %, the pageable fp32 cell's
-at 1.0 % and the fp64 cell's at 3.8 %; resident sessions of the pinned cell
+at 3.2 % and the fp64 cell's at 5.4 %; resident sessions of the pinned cell
 on an H100 and an H200 measured 0.04-0.2 %.
 """
 
@@ -34,11 +34,11 @@ from perfsuite.options import AUTO_QUADS, AUTO_QUADS_RANGE, DEFAULT_QUADS
 from perfsuite.stats.windows import ORDER, design_half_width, fewest_quads, window_value
 
 
-def quad_scatter(launches: Sequence[Sequence[float]], window_steps: int) -> tuple[float, int] | None:
+def quad_scatter(launches: Sequence[Sequence[float]], window_steps: int) -> float | None:
     """The variance of the log-ratio of ABBA quads of consecutive windows of
     ``window_steps`` recorded steps (every start within each launch, after as
-    many steps as a session's settling quads take), and the quads it is from;
-    None where no launch has that many windows of steps."""
+    many steps as a session's settling quads take); None where no launch has
+    that many windows of steps."""
     span = len(ORDER) * window_steps
     d = []
     for steps in (launch[SETTLING_QUADS * span:] for launch in launches):
@@ -46,7 +46,7 @@ def quad_scatter(launches: Sequence[Sequence[float]], window_steps: int) -> tupl
             a1, b1, b2, a2 = (math.log(window_value(steps[start + k * window_steps:start + (k + 1) * window_steps]))
                               for k in range(len(ORDER)))
             d.append((b1 + b2 - a1 - a2) / 2)
-    return (float(np.var(d, ddof=1)), len(d)) if len(d) > 1 else None
+    return float(np.var(d, ddof=1)) if len(d) > 1 else None
 
 
 def forecast(launches: Sequence[Sequence[float]], window_steps: int, quads: int | str, max_pairs: int,
@@ -55,13 +55,12 @@ def forecast(launches: Sequence[Sequence[float]], window_steps: int, quads: int 
     ``launches`` (``source`` says whose), or why there is none (``reason``);
     ``quads``: the quads a pair it is run with (``--quads auto``: as the
     forecast asks, within AUTO_QUADS_RANGE; DEFAULT_QUADS without one)."""
-    scatter = quad_scatter(launches, window_steps)
-    if scatter is None:
+    within = quad_scatter(launches, window_steps)
+    if within is None:
         longest = max((len(s) for s in launches), default=0)
         return {"source": source, "quads": DEFAULT_QUADS if quads == AUTO_QUADS else quads,
                 "reason": f"its recorded launches have {longest} steps at most; a forecast "
                 f"needs {len(ORDER) * (SETTLING_QUADS + 1)} windows of {window_steps}"}
-    within, _ = scatter
 
     def detectable(pairs: int, at_quads: int) -> float:
         return math.expm1(design_half_width(within, 0.0, at_quads, pairs, pair_look_confidence(max_pairs)))
