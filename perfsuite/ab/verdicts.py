@@ -16,7 +16,7 @@ from perfsuite.judge import accepted as accepted_mod
 from perfsuite.judge.checks import FAILING
 from perfsuite.stats import launches as launchstats
 from perfsuite.stats.samples import DEFAULT_CONFIDENCE
-from perfsuite.stats.windows import design_half_width, fewest_quads, within_pair_variance
+from perfsuite.stats.windows import WITHIN, design_half_width, fewest_quads, within_pair_variance
 
 ORDER = "ABBA"  # one round; every round the same, so each side leads half the rounds
 DECIDED = ("same", "regressed", "improved")
@@ -41,7 +41,8 @@ def pair_look_confidence(max_pairs: int, confidence: float = DEFAULT_CONFIDENCE)
 def resident_settings(window_steps: int, quads: int, max_pairs: int) -> dict[str, Any]:
     """What a session records of its resident windows: what a replay of its looks needs."""
     return {"window_steps": window_steps, "quads_per_pair": quads, "min_pairs": MIN_PAIRS,
-            "max_pairs": max_pairs, "looks": look_pairs(max_pairs), "look_confidence": pair_look_confidence(max_pairs)}
+            "max_pairs": max_pairs, "looks": look_pairs(max_pairs), "look_confidence": pair_look_confidence(max_pairs),
+            "within": WITHIN}
 
 
 def recorded_looks(resident: dict[str, Any]) -> tuple[list[int], float]:
@@ -50,6 +51,13 @@ def recorded_looks(resident: dict[str, Any]) -> tuple[list[int], float]:
     pair from MIN_PAIRS on. Bonferroni over them where no confidence is kept."""
     looks = list(resident["looks"]) if "looks" in resident else list(range(MIN_PAIRS, int(resident["max_pairs"]) + 1))
     return looks, float(resident.get("look_confidence") or 1.0 - (1.0 - DEFAULT_CONFIDENCE) / len(looks))
+
+
+def recorded_within(resident: dict[str, Any]) -> str:
+    """How a stored session's pairs got their standard errors
+    (``compare_windows``'s ``within``): a record from before ``within`` was
+    kept judged each pair by its own quads."""
+    return str(resident.get("within") or "per-pair")
 
 
 def undecided_rounds_reason(launches: list[list[list[float]]], statistic: str, max_launches: int,

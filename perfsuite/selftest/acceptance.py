@@ -108,7 +108,7 @@ def ab(folder: Path) -> dict[str, Any]:
             for condition, judged in trial.get("conditions", {}).items():
                 sessions.setdefault(condition, []).append(
                     {k: judged.get(k) for k in ("verdict", "ratio", "ci_low", "ci_high", "detectable", "seconds",
-                                                "reason", "quad_sd", "forecast_quad_sd")})
+                                                "reason", "quad_sd", "forecast_quad_sd", "serial")})
         out[record.get("cell") or path.parent.name] = sessions
     return out
 
@@ -146,7 +146,10 @@ def _session(s: dict[str, Any]) -> str:
     wall = f", {s['seconds']:.0f} s" if isinstance(s.get("seconds"), (int, float)) else ""
     scatter = (f", quads {s['quad_sd'] * 100:.2f} %" if isinstance(s.get("quad_sd"), (int, float)) else "") + (
         f" (forecast {s['forecast_quad_sd'] * 100:.2f} %)" if isinstance(s.get("forecast_quad_sd"), (int, float)) else "")
-    return f"{s['verdict']} {ratio}{span}{detect}{scatter}{wall}"
+    serial = s.get("serial") or {}
+    lag = (f", windows' lag-1 r {serial['same_side']:.2f} same side / {serial['across_sides']:.2f} across"
+           if isinstance(serial.get("same_side"), (int, float)) else "")
+    return f"{s['verdict']} {ratio}{span}{detect}{scatter}{lag}{wall}"
 
 
 def _gate_lines(name: str, g: dict[str, Any]) -> list[str]:

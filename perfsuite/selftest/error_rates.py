@@ -31,7 +31,7 @@ from perfsuite.ab.verdicts import look_pairs
 from perfsuite.options import DEFAULT_MAX_PAIRS
 from perfsuite.report.error_rates import SCHEMA
 from perfsuite.selftest.detection import AB_TOLERANCE, DEFAULT_CELL, ab_fault, run_ab_session, session_line
-from perfsuite.stats.windows import detectable_change
+from perfsuite.stats.windows import WITHIN, detectable_change
 from perfsuite.system.atomic import atomic_write_json
 
 GPU_CELL = "gate/image/ddp-ds/g1/fp32/px500/pin/nchw"  # the pull-request A/B's, measured on an H100 and an H200
@@ -181,7 +181,8 @@ def measure_error_rates(cell_ids: list[str] | None = None, sessions: int | None 
     settings = {"cells": [c.id for c in chosen], "fraction": fraction, "tolerance": tolerance, "steps": steps,
                 "max_launches": max_launches, "mode": mode, "fault_kinds": kinds, "resident": dict(resident or {}),
                 # where the sessions look: a run measured under another rule is not resumed
-                "looks": look_pairs(int((resident or {}).get("max_pairs") or DEFAULT_MAX_PAIRS))}
+                "looks": look_pairs(int((resident or {}).get("max_pairs") or DEFAULT_MAX_PAIRS)),
+                "within": WITHIN}  # and how a pair's error is weighed (compare_windows)
     work = Path(out_dir or DEFAULT_OUT)
     path = work / FILE
     host = host_facts(fingerprint(), time.strftime("%Y-%m-%d", time.gmtime()))

@@ -40,6 +40,13 @@ HETEROGENEITY_P = 0.01
 # intervals missed 4.9 % of the time (four pairs: 3.4 %; test_windowstats.py).
 ORDER_MODEL_PAIRS = 4
 METHOD = "random-effects (DerSimonian-Laird) mean of ABBA quad log-ratios over launch pairs"
+# Where a pair's standard error comes from: the quads' scatter within their
+# pairs, pooled over the session's pairs (one cell, one machine, one window
+# design: one scatter). Four quads a pair give their own variance 3 degrees
+# of freedom, and on one H200's regime-switching pageable steps a pair's own
+# was small by chance often enough that 7 % of simulated unchanged sessions
+# were called a change (perfsuite.selftest.regimes; tests/unit/test_windowstats.py).
+WITHIN = "pooled"
 
 
 def quad_log_ratios(windows: Sequence[tuple[str, float]]) -> list[float]:
@@ -110,10 +117,14 @@ class WindowComparison:
 
 def compare_windows(quads_by_pair: Sequence[Sequence[float]], tolerance: float = DEFAULT_TOLERANCE,
                     confidence: float = DEFAULT_CONFIDENCE, *, min_pairs: int = 2,
-                    firsts: Sequence[str] | None = None) -> WindowComparison:
+                    firsts: Sequence[str] | None = None, within: str = WITHIN) -> WindowComparison:
     """Judge B against A from the quad log-ratios of each launch pair.
 
-    Each pair's mean has its standard error from its own quads; the pairs
+    Each pair's mean has its standard error from the quads' scatter about
+    their pair's mean, pooled over the pairs (``within="pooled"``; a record
+    from before it judged each pair by its own quads alone: ``"per-pair"``),
+    so a pair of few quads whose scatter is small by chance does not narrow
+    the interval; the pairs
     are pooled with weights ``1 / (se^2 + tau2)``, ``tau2`` the
     DerSimonian-Laird between-pair variance, and the interval is a t
     interval with ``satterthwaite_dof`` degrees of freedom. Fewer
@@ -143,8 +154,14 @@ def compare_windows(quads_by_pair: Sequence[Sequence[float]], tolerance: float =
         return unknown(f"{len(usable)} launch pair(s) with {MIN_QUADS}+ quads; a verdict weighs "
                        f"{min_pairs}: effects of one launch are not seen in its own windows")
     means = np.array([p.log_mean for p in usable])
-    var = np.maximum(np.array([p.log_se for p in usable]) ** 2, 1e-18)
     counts = [p.quads for p in usable]
+    if within == "pooled":
+        scatter = within_pair_variance([quads_by_pair[i] for i in kept]) or 0.0
+        var = np.maximum(scatter / np.array(counts, dtype=float), 1e-18)
+    elif within == "per-pair":
+        var = np.maximum(np.array([p.log_se for p in usable]) ** 2, 1e-18)
+    else:
+        raise ValueError(f"within {within!r}: 'pooled' or 'per-pair'")
     orders = [firsts[i] for i in kept] if firsts is not None else []
     if len(usable) >= ORDER_MODEL_PAIRS and set(orders) == {"A", "B"}:
         pooled = pool_by_order(means, var, counts, [o == "A" for o in orders])
@@ -164,7 +181,8 @@ def compare_windows(quads_by_pair: Sequence[Sequence[float]], tolerance: float =
                        "the interval")
     if verdict == "unknown":
         reasons.append("interval straddles 1 or a tolerance bound; more quads or launch pairs would narrow it")
-    method = METHOD + (", the launch order a fixed effect" if pooled.order_effect is not None else "")
+    method = METHOD + (", the quads' scatter pooled over the pairs" if within == "pooled" else "") + (
+        ", the launch order a fixed effect" if pooled.order_effect is not None else "")
     return WindowComparison(verdict, math.exp(pooled.mean), low, high, confidence, tolerance, quads, pairs,
                             pooled.tau2, pooled.heterogeneity_p, pooled.dof, method, "; ".join(reasons),
                             pooled.order_effect, detectable_change(low, high))
@@ -295,6 +313,39 @@ def _satterthwaite(coef2: np.ndarray, se2: np.ndarray, quads: Sequence[int], tau
         parts += (tau2 * float(coef2.sum())) ** 2 / tau_dof
     most = max(float(np.sum(n - 1)), 1.0)
     return most if parts <= 0 else min(max(variance ** 2 / parts, 1.0), most)
+
+
+def serial_correlation(pairs: Sequence[Sequence[tuple[str, float]]]) -> dict[str, float | int] | None:
+    """Whether a side's windows carry their noise into its next ones, and
+    whether the other side shares it: the lag-1 correlation of the windows'
+    log-values (each side's centred within its pair) between windows adjacent
+    in time of the same side (B1 B2, and A2 to the next quad's A1) and of
+    different sides (A1 B1, B2 A2), pooled over ``pairs`` ((side, seconds)
+    in the order measured). A quad cancels noise both sides share (a machine
+    state: high, alike); noise a process keeps for a few windows (high on the
+    same side only) makes consecutive quads alike, and their scatter then
+    understates a pair's uncertainty (docs/explanation/ab.md). None without
+    two windows of each side in a pair."""
+    sums = {"same": [0.0, 0], "across": [0.0, 0]}
+    for windows in pairs:
+        logs = [(side, math.log(v)) for side, v in windows]
+        stats = {}
+        for side in ORDER[:2]:
+            values = np.array([x for s, x in logs if s == side])
+            if values.size < 2 or not np.any(values != values[0]):
+                break
+            stats[side] = (float(values.mean()), float(values.std()))
+        else:
+            z = [(s, (x - stats[s][0]) / stats[s][1]) for s, x in logs]
+            for (s1, z1), (s2, z2) in zip(z, z[1:]):
+                kind = sums["same" if s1 == s2 else "across"]
+                kind[0] += z1 * z2
+                kind[1] += 1
+    if not sums["same"][1] or not sums["across"][1]:
+        return None
+    return {"same_side": round(sums["same"][0] / sums["same"][1], 4),
+            "across_sides": round(sums["across"][0] / sums["across"][1], 4),
+            "adjacent": sums["same"][1] + sums["across"][1]}
 
 
 def window_value(step_times: Sequence[float]) -> float:

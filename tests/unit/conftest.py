@@ -51,13 +51,15 @@ def fake(monkeypatch):
 
 
 def judge_at_looks(quads_by_pair, firsts, tolerance, resident):
-    """A stored resident session judged again as it was judged: the looks and
-    confidence its settings name (``recorded_looks``), up to the session's
+    """A stored resident session judged again as it was judged: the looks,
+    confidence and pairs' errors its settings name (``recorded_looks``,
+    ``recorded_within``), up to the session's
     last pair; each look's comparison, in order."""
     from perfsuite.ab.settings import MIN_PAIRS
-    from perfsuite.ab.verdicts import recorded_looks
+    from perfsuite.ab.verdicts import recorded_looks, recorded_within
     from perfsuite.stats.windows import compare_windows
 
     looks, confidence = recorded_looks(resident)
-    return [compare_windows(quads_by_pair[:k], tolerance, confidence, min_pairs=MIN_PAIRS, firsts=firsts[:k])
+    return [compare_windows(quads_by_pair[:k], tolerance, confidence, min_pairs=MIN_PAIRS, firsts=firsts[:k],
+                            within=recorded_within(resident))
             for k in looks if k <= len(quads_by_pair)]

@@ -51,7 +51,8 @@ def run_folder(tmp_path, monkeypatch):
     (work / "ab-fp32-px500-pin" / "ab-detection.json").write_text(json.dumps({
         "cell": GPU_CELL, "trials": [{"trial": 0, "conditions": {
             "unchanged": {**session("ab-unchanged-1.json", 51), "quad_sd": 0.0009, "forecast_quad_sd": 0.0006},
-            "slow 2%": session("ab-slow2.json", 47)}}]}))
+            "slow 2%": {**session("ab-slow2.json", 47),
+                        "serial": {"same_side": 0.41, "across_sides": 0.03, "adjacent": 126}}}}]}))
     monkeypatch.setattr(attribution_selftest, "run_cell",
                         lambda cell, out, options: gpu_result(cell, options.options.get("fault"), 0.0005))
     attribution_selftest.measure_attribution(1, None, GPU_CELL, work / "attribution", log=lambda line: None,
@@ -85,6 +86,8 @@ def test_the_figures_name_each_parts_outcome_from_the_archive_as_from_the_folder
     (ab,) = [line for line in lines if line.startswith("ab ")]
     assert ab.startswith(f"ab {GPU_CELL}: unchanged -> same ") and "; slow 2% -> regressed 1.044 (1.029-1.059)" in ab
     assert "detects 1.23 %" in ab and ", 47 s" in ab
+    # which regimes the windows met: a process's own (same side only) or the machine's (both)
+    assert "windows' lag-1 r 0.41 same side / 0.03 across, 47 s" in ab
     assert "detects 1.23 %, quads 0.09 % (forecast 0.06 %), 51 s" in ab  # measured beside forecast
     assert any(line.startswith("  gpu-sleep: top row names the changed place 1/1") for line in lines)
     assert any(line.startswith(f"{SMOKE}: 2 A/A sessions") for line in lines)

@@ -284,7 +284,8 @@ def test_a_resident_sessions_record_keeps_what_its_verdict_weighed_and_is_judged
     for session in out["per_session"]:
         quads = [p["quad_log_ratios"] for p in session["pair_quads"]]
         assert len(quads) == session["pairs"] and all(len(q) == 16 for q in quads)
-        resident = {"max_pairs": 4, "looks": settings["looks"], "look_confidence": session["confidence"]}
+        resident = {"max_pairs": 4, "looks": settings["looks"], "look_confidence": session["confidence"],
+                    "within": settings["within"]}
         assert session["confidence"] == pytest.approx(pair_look_confidence(4))
         looks = judge_at_looks(quads, [p["first"] for p in session["pair_quads"]], settings["tolerance"], resident)
         assert all(look.verdict not in DECIDED for look in looks[:-1])

@@ -225,12 +225,15 @@ def test_resident_ab_sessions_on_the_h100_judge_again_as_they_judged(session, ve
     then; ab now looks after pairs 2 and 4), give the verdict and interval
     they gave."""
     from perfsuite.ab.resident import judged_quads
+    from perfsuite.ab.verdicts import recorded_within
     from perfsuite.stats.windows import compare_windows
 
     ab = json.loads((DATA / SECOND / f"{session}.json").read_text())
     cell = ab["cells"][0]
     assert (cell["id"], cell["mode"], cell["verdict"], len(cell["pairs"])) == (PIN, "resident", verdict, pairs)
     quads = [judged_quads(p["windows"]) for p in cell["pairs"]]
-    again = compare_windows(quads, ab["settings"]["tolerance"], cell["confidence"])
+    within = recorded_within(ab["settings"]["resident"])
+    assert within == "per-pair"  # judged before the pairs' scatter was pooled
+    again = compare_windows(quads, ab["settings"]["tolerance"], cell["confidence"], within=within)
     assert again.verdict == verdict
     assert (again.ci_low, again.ci_high) == pytest.approx((cell["ci_low"], cell["ci_high"]), rel=1e-9)

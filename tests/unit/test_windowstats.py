@@ -223,3 +223,40 @@ def test_the_smallest_detectable_change_is_the_intervals_half_width():
     assert detectable_change(0.98, 1.02) == pytest.approx(math.sqrt(1.02 / 0.98) - 1)
     assert detectable_change(0.0, math.inf) is None and detectable_change(None, 1.1) is None
     assert compare_windows(noisy_pairs(rng, 1.0, pairs=1)).detectable is None  # no verdict, nothing resolved
+
+
+@pytest.mark.parametrize("structure", ["iid", "shared", "per-process"])
+def test_unchanged_sessions_in_regime_switching_noise_are_called_a_change_at_most_as_often_as_the_confidence_allows(
+        structure):
+    """One H200's pageable steps switch between ~178 and ~198 ms for runs of
+    a few steps (perfsuite.selftest.regimes fits the chain to its recorded
+    launches): a window's median is then one level or the other, and four
+    quads of such windows can scatter by chance so little that their own
+    variance, with 3 degrees of freedom, made a 95 % verdict call 4.0 %, 4.5 %
+    and 7.25 % of 400 simulated unchanged sessions a change (independent
+    steps, regimes both sides share, regimes each process keeps). With the
+    quads' scatter pooled over the pairs: 3.0 %, 2.25 % and 3.0 %."""
+    from perfsuite.selftest import regimes
+
+    fitted = regimes.fit(regimes.recorded_launches(regimes.DEFAULT_BASELINES, regimes.DEFAULT_CELL))
+    got = regimes.rates(fitted, structure, 400, seed=1, quads=4, max_pairs=4, window_steps=5,
+                        tolerance=0.02, slowdown=0.0)["verdicts"]
+    assert (got.get("regressed", 0) + got.get("improved", 0)) / 400 <= 0.05, got
+
+
+def test_the_serial_diagnostic_tells_regimes_a_process_keeps_from_those_both_sides_share():
+    """Windows adjacent in time: a process's own regimes make a side's
+    consecutive windows alike and leave the other side's unmoved; regimes of
+    the machine move both; independent steps neither."""
+    from perfsuite.selftest import regimes
+    from perfsuite.stats.windows import serial_correlation
+
+    chain = regimes.Regimes(0.178, 0.198, 0.95, 0.01)
+    rng = np.random.default_rng(3)
+    seen = {s: serial_correlation([regimes.pair_windows(rng, chain, s, 16, 5, 0.0) for _ in range(4)])
+            for s in regimes.STRUCTURES}
+    assert seen["per-process"]["same_side"] > 0.3 and abs(seen["per-process"]["across_sides"]) < 0.15
+    assert seen["shared"]["same_side"] > 0.3 and seen["shared"]["across_sides"] > 0.3
+    assert all(abs(seen["iid"][k]) < 0.2 for k in ("same_side", "across_sides"))
+    assert seen["iid"]["adjacent"] == 4 * (16 * 4 - 1)
+    assert serial_correlation([[("A", 0.1), ("B", 0.1)]]) is None  # one window a side: nothing to correlate
