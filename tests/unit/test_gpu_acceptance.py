@@ -64,7 +64,7 @@ def test_the_gpu_halves_of_attribution_and_error_rates_run_on_the_quiet_cell_wit
     (rates,) = dry_run("rates")["rates"]
     args = parser.parse_args(rates[3:])
     assert (args.cell, args.sessions, args.injected, args.fraction) == (
-        ["gate/image/ddp-ds/g1/fp32/px500/pin/nchw"], 10, 2, 0.02)
+        ["gate/image/ddp-ds/g1/fp32/px500/pin/nchw"], 10, 2, 0.03)
     assert args.resume and args.fault_kind == "auto"  # gpu-sleep on a CUDA cell
     (ab, *_) = dry_run("ab")["ab"]
     assert args.quads == parser.parse_args(ab[3:]).quads  # the A/B part's windows
@@ -215,3 +215,20 @@ def test_the_llm_part_is_one_launch_of_one_cell_never_a_four_launch_recording():
     # baselines (the H200 has no LLM ones), would outlast the part
     (llm,) = dry_run("llm")["llm"]
     assert llm.count("--perf-cell") == 1 and "--perf-record-new" not in llm and "--perf-repeats" not in llm
+
+
+def test_the_injected_slowdowns_lie_beyond_the_tolerance_they_are_judged_at():
+    """A slowdown equal to the tolerance is `regressed` only when its estimate
+    lands above it (samples.classify), about half the time however quiet the
+    cell: on the pinned cell (quads 0.06 %) a calibrated 2 % against ±2 % is
+    decided by the calibration's last tenth of a percent. The A/B and the
+    error-rate parts inject 3 %, half a tolerance beyond it."""
+    parser = build_parser()
+    for argv in dry_run("ab")["ab"]:
+        args = parser.parse_args(argv[3:])
+        assert args.tolerance == 0.02 and [float(s) for s in args.slowdowns.split(",")] == [0.03]
+    (rates,) = dry_run("rates")["rates"]
+    args = parser.parse_args(rates[3:])
+    assert args.fraction == 0.03 and args.tolerance == 0.02
+    assert {parser.parse_args(argv[3:]).slowdowns for argv in dry_run(
+        "ab", PERFSUITE_ACCEPTANCE_AB_SLOWDOWN="0.02")["ab"]} == {"0.02"}  # the literal case, asked for
