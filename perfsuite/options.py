@@ -202,8 +202,9 @@ def add_launch_options(add: Callable[..., Any], prefix: str = "--") -> dict[str,
 AB_FAULT_KINDS = ("slow", "gpu-sleep")
 AB_MODES = ("auto", "resident", "launches")  # auto: resident where the cell allows it
 DEFAULT_WINDOW_STEPS, DEFAULT_QUADS, DEFAULT_MAX_PAIRS = 5, 16, 4
-# --quads auto: per cell, the quads its recorded steps forecast resolve the
-# tolerance after two pairs (perfsuite.ab.forecast), within these bounds
+# --quads auto: per cell, the quads at which its recorded steps forecast that
+# unchanged code reads `same` by the last look 4 times in 5 (perfsuite.ab.forecast),
+# within these bounds
 AUTO_QUADS, AUTO_QUADS_RANGE = "auto", (4, 64)
 
 
@@ -226,7 +227,7 @@ def add_resident_options(add: Callable[..., Any], note: str = "") -> None:
     add("--window-steps", type=int, default=DEFAULT_WINDOW_STEPS, metavar="N", help=f"{note}steps in one window")
     add("--quads", type=quads_value, default=DEFAULT_QUADS, metavar="N",
         help=f"{note}ABBA quads of windows in one launch pair; auto: per cell, as many as the step times "
-             f"recorded for it on this hardware forecast resolve --tolerance after 2 pairs "
+             f"recorded for it on this hardware forecast make unchanged code `same` at --tolerance 4 times in 5 "
              f"({AUTO_QUADS_RANGE[0]}-{AUTO_QUADS_RANGE[1]}; {DEFAULT_QUADS} where none are recorded)")
     add("--max-pairs", type=int, default=DEFAULT_MAX_PAIRS, metavar="N",
         help=f"{note}launch pairs before a cell is left unknown (2, or 4 or more: looks after pairs 2, 4, 5, ...)")

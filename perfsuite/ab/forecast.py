@@ -6,8 +6,11 @@ session's ``window_steps`` and every run of four consecutive windows taken
 as an ABBA quad of two identical sides: the scatter of their log-ratios is
 what a quad of the session would scatter by, were a resident window like a
 recorded one. From it, as ``compare_windows`` pools quads, the smallest
-detectable change at the first look and at the cap, and the quads a pair
-that would resolve the tolerance at the first look.
+detectable change at the first look and at the cap, the quads a pair that
+would resolve the tolerance at the first look (an interval that narrow is
+`same` only where its ratio is 1 to the digit), and the quads a pair at
+which unchanged code reads `same` by the session's last look 4 times in 5
+(``--quads auto``; simulated sessions of that scatter).
 
 A forecast, said as one: launch-to-launch effects are not in it (a session
 measures them), and a resident window follows a parked side's, not its own
@@ -26,12 +29,12 @@ from typing import Any
 import numpy as np
 
 from perfsuite.ab.resident import SETTLING_QUADS
-from perfsuite.ab.settings import MAX_QUADS, MIN_PAIRS
+from perfsuite.ab.settings import MAX_QUADS, MIN_PAIRS, look_pairs
 from perfsuite.ab.verdicts import pair_look_confidence
 from perfsuite.cells import Cell
 from perfsuite.judge.lookup import find_here
 from perfsuite.options import AUTO_QUADS, AUTO_QUADS_RANGE, DEFAULT_QUADS
-from perfsuite.stats.windows import ORDER, design_half_width, fewest_quads, window_value
+from perfsuite.stats.windows import ORDER, compare_windows, design_half_width, fewest_quads, window_value
 
 
 def quad_scatter(launches: Sequence[Sequence[float]], window_steps: int) -> float | None:
@@ -47,6 +50,60 @@ def quad_scatter(launches: Sequence[Sequence[float]], window_steps: int) -> floa
                               for k in range(len(ORDER)))
             d.append((b1 + b2 - a1 - a2) / 2)
     return float(np.var(d, ddof=1)) if len(d) > 1 else None
+
+
+# How often unchanged code should read `same` by a session's last look at the
+# quads ``--quads auto`` plans: where it does not, the verdict is `unknown`.
+SAME_POWER = 0.8
+SIMULATED_SESSIONS = 200
+
+
+def same_share(within: float, quads: int, tolerance: float, max_pairs: int, *,
+               sessions: int = SIMULATED_SESSIONS, seed: int = 0) -> float:
+    """The share of simulated unchanged sessions, their quads scattering
+    independently by ``within`` (a variance), that read `same` by their last
+    look: ``compare_windows`` after the pairs of ``look_pairs(max_pairs)``,
+    the launch order alternating, stopping at the first decided look, as a
+    session does. Simulated, since the random-effects step widens an
+    interval wherever two pairs' means differ by chance."""
+    rng = np.random.default_rng(seed)
+    sd, looks = math.sqrt(within), look_pairs(max_pairs)
+    confidence = pair_look_confidence(max_pairs)
+    same = 0
+    for _ in range(sessions):
+        pairs: list[list[float]] = []
+        verdict = "unknown"
+        for pair in range(1, max_pairs + 1):
+            pairs.append(list(rng.normal(0.0, sd, quads)))
+            if pair in looks:
+                verdict = compare_windows(pairs, tolerance, confidence, min_pairs=MIN_PAIRS,
+                                          firsts=[ORDER[i % 2] for i in range(pair)]).verdict
+                if verdict != "unknown":
+                    break
+        same += verdict == "same"
+    return same / sessions
+
+
+def fewest_quads_for_same(within: float, tolerance: float, max_pairs: int, *, power: float = SAME_POWER,
+                          least: int = 4, most: int = MAX_QUADS) -> int | None:
+    """The fewest quads a pair (``least`` to ``most``) at which unchanged
+    code reads `same` by a session's last look with probability ``power``
+    (``same_share``, the same simulated sessions for every count, found by
+    bisection); None
+    where ``most`` do not. An interval merely as narrow as the tolerance is
+    `same` only where its ratio is 1 to the digit."""
+    if same_share(within, least, tolerance, max_pairs) >= power:
+        return least  # a quiet cell: no search
+    if same_share(within, most, tolerance, max_pairs) < power:
+        return None
+    low, high = least + 1, most
+    while low < high:
+        mid = (low + high) // 2
+        if same_share(within, mid, tolerance, max_pairs) >= power:
+            high = mid
+        else:
+            low = mid + 1
+    return low
 
 
 def forecast(launches: Sequence[Sequence[float]], window_steps: int, quads: int | str, max_pairs: int,
@@ -65,13 +122,15 @@ def forecast(launches: Sequence[Sequence[float]], window_steps: int, quads: int 
     def detectable(pairs: int, at_quads: int) -> float:
         return math.expm1(design_half_width(within, 0.0, at_quads, pairs, pair_look_confidence(max_pairs)))
 
-    enough = fewest_quads(within, 0.0, math.log1p(tolerance), pair_look_confidence(max_pairs), pairs=MIN_PAIRS,
-                          most=MAX_QUADS)
+    confidence = pair_look_confidence(max_pairs)
+    enough = fewest_quads(within, 0.0, math.log1p(tolerance), confidence, pairs=MIN_PAIRS, most=MAX_QUADS)
+    same = fewest_quads_for_same(within, tolerance, max_pairs)
     least, most = AUTO_QUADS_RANGE
-    chosen = min(max(enough or most, least), most) if quads == AUTO_QUADS else int(quads)
+    chosen = min(max(same or most, least), most) if quads == AUTO_QUADS else int(quads)
     return {"source": source, "quads": chosen, "quad_sd": round(math.sqrt(within), 6),
             "detectable_first_look": round(detectable(MIN_PAIRS, chosen), 6),
-            "detectable_at_cap": round(detectable(max_pairs, chosen), 6), "quads_for_tolerance": enough}
+            "detectable_at_cap": round(detectable(max_pairs, chosen), 6), "quads_for_tolerance": enough,
+            "quads_for_same": same}
 
 
 def cell_forecast(cell: Cell, window_steps: int, quads: int | str, max_pairs: int,
@@ -89,9 +148,12 @@ def forecast_line(said: dict[str, Any], tolerance: float) -> str:
     """The forecast in one line of the session's log."""
     if "quad_sd" not in said:
         return f"forecast: none ({said['reason']}); {said['quads']} quads a pair"
-    needs = said["quads_for_tolerance"]
+    needs, same = said["quads_for_tolerance"], said.get("quads_for_same")
+    bound = f"±{tolerance * 100:g} %"
     return (f"{said['quads']} quads a pair; forecast from the steps recorded here ({said['source']}): a quad's "
             f"log-ratio ~{said['quad_sd'] * 100:.2f} %, smallest detectable change ~"
             f"{said['detectable_first_look'] * 100:.2f} % after {MIN_PAIRS} pairs, ~{said['detectable_at_cap'] * 100:.2f} "
-            f"% at the cap; ±{tolerance * 100:g} % " + (f"needs ~{needs} quads a pair" if needs else
-                                                       f"is beyond {MAX_QUADS} quads a pair"))
+            f"% at the cap; {bound} " + (f"needs ~{needs} quads a pair" if needs else
+                                         f"is beyond {MAX_QUADS} quads a pair")
+            + (f", unchanged code `same` by the last look {SAME_POWER * 5:.0f} times in 5 ~{same}"
+               if same else ""))

@@ -229,11 +229,17 @@ VARIABLES: tuple[Variable, ...] = (
           accepts=A_PATH),
     _user("PERFSUITE_ACCEPTANCE_AB_QUADS",
           "The quads a launch pair of `.ci/gpu-acceptance`'s A/B part: a number (4 or more), or auto (each "
-          "cell as many as its recorded steps forecast resolve 2 %).",
+          "cell as many as its recorded steps forecast make unchanged code `same` at ±2 % 4 times in 5).",
           "4",
           ".ci/gpu-acceptance",
           accepts=Accepts("a number of quads (4 or more), or auto",
                           lambda v: None if v == "auto" else whole(4).why(v))),
+    _user("PERFSUITE_ACCEPTANCE_AB_SLOWDOWN",
+          "Side B's device-side slowdown in `.ci/gpu-acceptance`'s A/B and error-rate parts, judged at ±2 %: "
+          "one equal to the tolerance is called regressed only where its estimate lands above it.",
+          "0.03",
+          ".ci/gpu-acceptance",
+          accepts=number("a fraction above 0", positive=True)),
     _user("PERFSUITE_ACCEPTANCE_BUDGET_S",
           "The seconds `.ci/gpu-acceptance` may take in all; a part that would start with under 30 s "
           "left is not run.",
