@@ -230,7 +230,7 @@ VARIABLES: tuple[Variable, ...] = (
     _user("PERFSUITE_ACCEPTANCE_AB_QUADS",
           "The quads a launch pair of `.ci/gpu-acceptance`'s A/B part: a number (4 or more), or auto (each "
           "cell as many as its recorded steps forecast make unchanged code `same` at ±2 % 4 times in 5).",
-          "4",
+          "auto",
           ".ci/gpu-acceptance",
           accepts=Accepts("a number of quads (4 or more), or auto",
                           lambda v: None if v == "auto" else whole(4).why(v))),
