@@ -34,7 +34,14 @@ from perfsuite.ab.verdicts import pair_look_confidence
 from perfsuite.cells import Cell
 from perfsuite.judge.lookup import find_here
 from perfsuite.options import AUTO_QUADS, AUTO_QUADS_RANGE, DEFAULT_QUADS
-from perfsuite.stats.windows import ORDER, compare_windows, design_half_width, fewest_quads, window_value
+from perfsuite.stats.windows import (
+    MIN_QUADS,
+    ORDER,
+    compare_windows,
+    design_half_width,
+    fewest_quads,
+    window_value,
+)
 
 
 def quad_scatter(launches: Sequence[Sequence[float]], window_steps: int) -> float | None:
@@ -85,13 +92,12 @@ def same_share(within: float, quads: int, tolerance: float, max_pairs: int, *,
 
 
 def fewest_quads_for_same(within: float, tolerance: float, max_pairs: int, *, power: float = SAME_POWER,
-                          least: int = 4, most: int = MAX_QUADS) -> int | None:
+                          least: int = MIN_QUADS, most: int = MAX_QUADS) -> int | None:
     """The fewest quads a pair (``least`` to ``most``) at which unchanged
     code reads `same` by a session's last look with probability ``power``
     (``same_share``, the same simulated sessions for every count, found by
-    bisection); None
-    where ``most`` do not. An interval merely as narrow as the tolerance is
-    `same` only where its ratio is 1 to the digit."""
+    bisection); None where ``most`` do not. An interval merely as narrow as
+    the tolerance is `same` only where its ratio is 1 to the digit."""
     if same_share(within, least, tolerance, max_pairs) >= power:
         return least  # a quiet cell: no search
     if same_share(within, most, tolerance, max_pairs) < power:

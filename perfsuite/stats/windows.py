@@ -124,8 +124,7 @@ def compare_windows(quads_by_pair: Sequence[Sequence[float]], tolerance: float =
     their pair's mean, pooled over the pairs (``within="pooled"``; a record
     from before it judged each pair by its own quads alone: ``"per-pair"``),
     so a pair of few quads whose scatter is small by chance does not narrow
-    the interval; the pairs
-    are pooled with weights ``1 / (se^2 + tau2)``, ``tau2`` the
+    the interval; the pairs are pooled with weights ``1 / (se^2 + tau2)``, ``tau2`` the
     DerSimonian-Laird between-pair variance, and the interval is a t
     interval with ``satterthwaite_dof`` degrees of freedom. Fewer
     than ``min_pairs`` pairs, or a pair with fewer than ``MIN_QUADS``
