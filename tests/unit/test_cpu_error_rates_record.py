@@ -93,3 +93,31 @@ def test_every_session_judged_again_by_its_looks_gives_its_verdict(here):
         assert last.verdict in DECIDED or len(quads) == settings["resident"]["max_pairs"], where
         assert (last.ratio, last.ci_low, last.ci_high) == pytest.approx(
             (session["ratio"], session["ci_low"], session["ci_high"]), rel=1e-9), where
+
+
+def test_judged_again_with_the_pairs_scatter_pooled_the_sessions_give_what_the_explanation_says():
+    """Stored under each pair's own scatter (no ``within``), judged again by
+    today's pooled rule: one false call fewer, one `same` fewer a record
+    (docs/explanation/ab.md, "A pair's error")."""
+    said = {"error-rates": (2, 1, 19, 18, 3), "error-rates-balanced": (0, 0, 11, 10, 4)}
+    page = " ".join((ROOT / "docs" / "explanation" / "ab.md").read_text().split())
+    for name, (wrong_own, wrong_pooled, same_own, same_pooled, caught) in said.items():
+        compact = json.loads((DATA / name / "sessions.json").read_text())
+        settings = compact["settings"]
+        assert "within" not in settings
+        counts = {}
+        for within in ("per-pair", "pooled"):
+            resident = {**settings["resident"], **({"looks": settings["looks"]} if "looks" in settings else {}),
+                        "within": within}
+            verdicts = []
+            for s in compact["sessions"]:
+                looks = judge_at_looks([p["quad_log_ratios"] for p in s["pairs"]], [p["first"] for p in s["pairs"]],
+                                       settings["tolerance"], resident)
+                verdicts.append((s["kind"], next((k.verdict for k in looks if k.verdict in DECIDED),
+                                                 looks[-1].verdict)))
+            counts[within] = (sum(k == "aa" and v in ("regressed", "improved") for k, v in verdicts),
+                              sum(k == "aa" and v == "same" for k, v in verdicts),
+                              sum(k == "injected" and v == "regressed" for k, v in verdicts))
+        assert counts == {"per-pair": (wrong_own, same_own, caught), "pooled": (wrong_pooled, same_pooled, caught)}
+    assert ("unchanged called a change 2 -> 1 of 40 and 0 -> 0 of 20, `same` 19 -> 18 and 11 -> 10; 5 % slower "
+            "`regressed` 3 of 4 and 4 of 4, as before") in page
