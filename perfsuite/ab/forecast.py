@@ -22,6 +22,7 @@ on an H100 and an H200 measured 0.04-0.2 %.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -91,6 +92,7 @@ def same_share(within: float, quads: int, tolerance: float, max_pairs: int, *,
     return same / sessions
 
 
+@functools.lru_cache(maxsize=64)  # a forecast asked again (its line, ab.json, --quads auto) is not simulated again
 def fewest_quads_for_same(within: float, tolerance: float, max_pairs: int, *, power: float = SAME_POWER,
                           least: int = MIN_QUADS, most: int = MAX_QUADS) -> int | None:
     """The fewest quads a pair (``least`` to ``most``) at which unchanged
