@@ -140,18 +140,28 @@ def rates(regimes: Regimes, structure: str, sessions: int, seed: int = 0, **sett
 
 def recorded_launches(baselines: Path, cell: str) -> list[list[float]]:
     """A cell's recorded step times, launch by launch, from a baseline folder's samples.json."""
-    samples = json.loads((baselines / "samples.json").read_text())
-    steps = samples.get(f"{cell}:step_time")
+    path = baselines / "samples.json"
+    try:
+        samples = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise SystemExit(f"{path}: {err}; give --baselines a recorded baseline folder (one of baselines/)") from None
+    steps = samples.get(f"{cell}:step_time") if isinstance(samples, dict) else None
     if not steps:
         raise SystemExit(f"{baselines / 'samples.json'} keeps no step times of {cell}")
     return steps if isinstance(steps[0], list) else [steps]
+
+
+def _at_least_one(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of sessions, 1 or more")
+    return int(text)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m perfsuite.selftest.regimes", description=__doc__.split("\n")[0])
     parser.add_argument("--baselines", type=Path, default=DEFAULT_BASELINES)
     parser.add_argument("--cell", default=DEFAULT_CELL)
-    parser.add_argument("--sessions", type=int, default=200)
+    parser.add_argument("--sessions", type=_at_least_one, default=200)
     parser.add_argument("--quads", type=int, nargs="+", default=[4, 16])
     parser.add_argument("--slowdown", type=float, default=0.02)
     parser.add_argument("--tolerance", type=float, default=0.02)

@@ -260,3 +260,14 @@ def test_the_serial_diagnostic_tells_regimes_a_process_keeps_from_those_both_sid
     assert all(abs(seen["iid"][k]) < 0.2 for k in ("same_side", "across_sides"))
     assert seen["iid"]["adjacent"] == 4 * (16 * 4 - 1)
     assert serial_correlation([[("A", 0.1), ("B", 0.1)]]) is None  # one window a side: nothing to correlate
+
+
+def test_the_regimes_benchmark_names_a_missing_folder_or_cell_and_what_to_give(tmp_path):
+    from perfsuite.selftest import regimes
+
+    with pytest.raises(SystemExit) as missing:
+        regimes.main(["--baselines", str(tmp_path), "--sessions", "1"])
+    assert "samples.json" in str(missing.value) and "give --baselines a recorded baseline folder" in str(missing.value)
+    with pytest.raises(SystemExit) as unknown:
+        regimes.main(["--cell", "gate/image/nope", "--sessions", "1"])
+    assert "keeps no step times of gate/image/nope" in str(unknown.value)
