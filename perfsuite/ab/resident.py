@@ -57,7 +57,7 @@ from perfsuite.ab.stopping import deferred_interrupts, end_processes, join_all, 
 from perfsuite.cells import Cell
 from perfsuite.launch.launch import LaunchOptions, run_cell
 from perfsuite.rank.windows import RELEASE_ENV, SIDE_ENV, SOCKET_ENV
-from perfsuite.stats.windows import ORDER, quad_log_ratios, window_value
+from perfsuite.stats.windows import ORDER, quad_log_ratios, serial_correlation, window_value
 
 RESIDENT_WORKLOADS = ("image",)
 READY_TIMEOUT_S = 600.0  # both sides' start-up and warm-up on a loaded machine
@@ -255,6 +255,11 @@ def judged(windows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def judged_quads(windows: list[dict[str, Any]]) -> list[float]:
     """A launch pair's ABBA quad log-ratios, of the windows a verdict weighs."""
     return quad_log_ratios([(w["side"], w["value"]) for w in judged(windows)])
+
+
+def pairs_serial(pairs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """``serial_correlation`` of the judged windows of a session's launch pairs."""
+    return serial_correlation([[(w["side"], w["value"]) for w in judged(p["windows"])] for p in pairs])
 
 
 def launch_bound(timeout: float, quads: int, settling_quads: int = SETTLING_QUADS) -> float:

@@ -38,6 +38,7 @@ from perfsuite.ab.resident import (
     MemoryPlan,
     choose_plan,
     judged_quads,
+    pairs_serial,
     plan_memory,
     resident_refusal,
     run_pair,
@@ -324,7 +325,8 @@ class ABSession:
                           ci_high=finite(cmp.ci_high), detectable=cmp.detectable,
                           confidence=confidence, method=cmp.method,
                           quads=cmp.quads, tau2=cmp.tau2, heterogeneity_p=cmp.heterogeneity_p, dof=cmp.dof,
-                          order_effect=cmp.order_effect, reason=cmp.reason or None)
+                          order_effect=cmp.order_effect, reason=cmp.reason or None,
+                          serial=pairs_serial(record["pairs"]))  # regimes of a process, or the machine's
             self.write()
             self.log(f"  after pair {pair}: {cmp.verdict.upper()}  {interval(record)}")
             if cmp.verdict in DECIDED:

@@ -45,7 +45,7 @@ from perfsuite.results import merge_repeats
 from perfsuite.runner import REMEASURE_ROUNDS
 from perfsuite.schemas.results import SCHEMA
 from perfsuite.stats import launches as launchstats
-from perfsuite.stats.windows import WITHIN, serial_correlation, within_pair_variance
+from perfsuite.stats.windows import WITHIN, within_pair_variance
 from perfsuite.system.atomic import atomic_write_json
 
 DEFAULT_CELL = "smoke/image/ddp-ds/c1/fp32/px32/nopin/nchw"
@@ -338,8 +338,7 @@ def run_ab_session(cell: cells.Cell, out_dir: Path, fault: str | None = None, *,
     ``out_dir``: its verdict, interval, smallest detectable change, launches
     and wall time. A session ended by Ctrl-C raises KeyboardInterrupt: a
     benchmark counts only sessions that came to an end."""
-    from perfsuite.ab.resident import judged as judged_windows  # torch
-    from perfsuite.ab.resident import judged_quads
+    from perfsuite.ab.resident import judged_quads  # torch
     from perfsuite.ab.session import EXIT_INTERRUPTED, ABSession, python_side
 
     side_b = python_side("B", sys.executable)
@@ -358,8 +357,7 @@ def run_ab_session(cell: cells.Cell, out_dir: Path, fault: str | None = None, *,
             "quad_sd": round(math.sqrt(within), 6) if within is not None else None,
             "forecast_quad_sd": (judged.get("forecast") or {}).get("quad_sd"),
             # whether a side's windows carried their noise into its next ones (the other's too)
-            "serial": serial_correlation([[(w["side"], w["value"]) for w in judged_windows(p["windows"])]
-                                          for p in judged.get("pairs") or []]),
+            "serial": judged.get("serial"),
             "ci_low": judged.get("ci_low"), "ci_high": judged.get("ci_high"),
             "detectable": judged.get("detectable"), "confidence": judged.get("confidence"),
             "mode": judged.get("mode"), "pairs": len(judged.get("pairs") or []),

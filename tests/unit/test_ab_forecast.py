@@ -128,6 +128,8 @@ def test_quads_auto_gives_each_cell_the_quads_its_forecast_asks(tmp_path, monkey
                  tolerance=0.02, log=lines.append).run()
     record = json.loads((tmp_path / "ab.json").read_text())["cells"][0]
     assert asked == [12, 12] and record["forecast"]["quads"] == 12 and record["verdict"] == "same"
+    # the windows' serial diagnostic is kept with the verdict; side A's windows never vary here: none
+    assert "serial" in record and record["serial"] is None
     assert any(line.strip().startswith("12 quads a pair; forecast from the steps recorded here") for line in lines)
     assert json.loads((tmp_path / "ab.json").read_text())["settings"]["resident"]["quads_per_pair"] == "auto"
     assert math.isfinite(record["detectable"])

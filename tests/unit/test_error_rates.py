@@ -284,6 +284,11 @@ def test_a_resident_sessions_record_keeps_what_its_verdict_weighed_and_is_judged
     for session in out["per_session"]:
         quads = [p["quad_log_ratios"] for p in session["pair_quads"]]
         assert len(quads) == session["pairs"] and all(len(q) == 16 for q in quads)
+        # the windows' serial diagnostic, as ab.json keeps it: independent windows, near 0 both ways
+        # (over two pairs of 16 quads each scatters by about 0.12)
+        serial = session["serial"]
+        assert serial["adjacent"] == session["pairs"] * (4 * 16 - 1)
+        assert abs(serial["same_side"]) < 0.5 and abs(serial["across_sides"]) < 0.5, (session["kind"], serial)
         resident = {"max_pairs": 4, "looks": settings["looks"], "look_confidence": session["confidence"],
                     "within": settings["within"]}
         assert session["confidence"] == pytest.approx(pair_look_confidence(4))
