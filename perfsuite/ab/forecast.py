@@ -30,19 +30,12 @@ from typing import Any
 import numpy as np
 
 from perfsuite.ab.resident import SETTLING_QUADS
-from perfsuite.ab.settings import MAX_QUADS, MIN_PAIRS, look_pairs
-from perfsuite.ab.verdicts import pair_look_confidence
+from perfsuite.ab.settings import MAX_QUADS, MIN_PAIRS
+from perfsuite.ab.verdicts import pair_look_confidence, verdict_by_looks
 from perfsuite.cells import Cell
 from perfsuite.judge.lookup import find_here
 from perfsuite.options import AUTO_QUADS, AUTO_QUADS_RANGE, DEFAULT_QUADS
-from perfsuite.stats.windows import (
-    MIN_QUADS,
-    ORDER,
-    compare_windows,
-    design_half_width,
-    fewest_quads,
-    window_value,
-)
+from perfsuite.stats.windows import MIN_QUADS, ORDER, design_half_width, fewest_quads, window_value
 
 
 def quad_scatter(launches: Sequence[Sequence[float]], window_steps: int) -> float | None:
@@ -75,21 +68,9 @@ def same_share(within: float, quads: int, tolerance: float, max_pairs: int, *,
     session does. Simulated, since the random-effects step widens an
     interval wherever two pairs' means differ by chance."""
     rng = np.random.default_rng(seed)
-    sd, looks = math.sqrt(within), look_pairs(max_pairs)
-    confidence = pair_look_confidence(max_pairs)
-    same = 0
-    for _ in range(sessions):
-        pairs: list[list[float]] = []
-        verdict = "unknown"
-        for pair in range(1, max_pairs + 1):
-            pairs.append(list(rng.normal(0.0, sd, quads)))
-            if pair in looks:
-                verdict = compare_windows(pairs, tolerance, confidence, min_pairs=MIN_PAIRS,
-                                          firsts=[ORDER[i % 2] for i in range(pair)]).verdict
-                if verdict != "unknown":
-                    break
-        same += verdict == "same"
-    return same / sessions
+    sd = math.sqrt(within)
+    return sum(verdict_by_looks(lambda: list(rng.normal(0.0, sd, quads)), tolerance, max_pairs)[0] == "same"
+               for _ in range(sessions)) / sessions
 
 
 @functools.lru_cache(maxsize=64)  # a forecast asked again (its line, ab.json, --quads auto) is not simulated again
@@ -127,10 +108,11 @@ def forecast(launches: Sequence[Sequence[float]], window_steps: int, quads: int 
                 "reason": f"its recorded launches have {longest} steps at most; a forecast "
                 f"needs {len(ORDER) * (SETTLING_QUADS + 1)} windows of {window_steps}"}
 
-    def detectable(pairs: int, at_quads: int) -> float:
-        return math.expm1(design_half_width(within, 0.0, at_quads, pairs, pair_look_confidence(max_pairs)))
-
     confidence = pair_look_confidence(max_pairs)
+
+    def detectable(pairs: int, at_quads: int) -> float:
+        return math.expm1(design_half_width(within, 0.0, at_quads, pairs, confidence))
+
     enough = fewest_quads(within, 0.0, math.log1p(tolerance), confidence, pairs=MIN_PAIRS, most=MAX_QUADS)
     same = fewest_quads_for_same(within, tolerance, max_pairs)
     least, most = AUTO_QUADS_RANGE

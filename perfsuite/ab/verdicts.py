@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import math
 import os
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from perfsuite.ab.settings import MAX_PAIRS, MAX_QUADS, MIN_PAIRS, look_pairs
@@ -16,7 +17,7 @@ from perfsuite.judge import accepted as accepted_mod
 from perfsuite.judge.checks import FAILING
 from perfsuite.stats import launches as launchstats
 from perfsuite.stats.samples import DEFAULT_CONFIDENCE
-from perfsuite.stats.windows import WITHIN, design_half_width, fewest_quads, within_pair_variance
+from perfsuite.stats.windows import WITHIN, compare_windows, design_half_width, fewest_quads, within_pair_variance
 
 ORDER = "ABBA"  # one round; every round the same, so each side leads half the rounds
 DECIDED = ("same", "regressed", "improved")
@@ -36,6 +37,26 @@ def look_confidence(max_launches: int, confidence: float = DEFAULT_CONFIDENCE) -
 def pair_look_confidence(max_pairs: int, confidence: float = DEFAULT_CONFIDENCE) -> float:
     """As ``look_confidence``: Bonferroni over the looks of ``look_pairs``."""
     return 1.0 - (1.0 - confidence) / len(look_pairs(max_pairs))
+
+
+def verdict_by_looks(next_pair: Callable[[], Sequence[float]], tolerance: float, max_pairs: int, *,
+                     within: str = WITHIN) -> tuple[str, int]:
+    """A resident session's verdict as it looks: launch pairs' quad log-ratios
+    from ``next_pair`` one pair at a time, judged by ``compare_windows`` after
+    the pairs of ``look_pairs(max_pairs)`` (the launch order alternating),
+    stopping at the first decided look; the verdict and the pairs it took.
+    What simulated sessions run (the forecast, perfsuite.selftest.regimes)."""
+    confidence, looks = pair_look_confidence(max_pairs), look_pairs(max_pairs)
+    pairs: list[Sequence[float]] = []
+    verdict = "unknown"
+    for pair in range(1, max_pairs + 1):
+        pairs.append(next_pair())
+        if pair in looks:
+            verdict = compare_windows(pairs, tolerance, confidence, min_pairs=MIN_PAIRS,
+                                      firsts=[ORDER[i % 2] for i in range(pair)], within=within).verdict
+            if verdict in DECIDED:
+                break
+    return verdict, len(pairs)
 
 
 def resident_settings(window_steps: int, quads: int, max_pairs: int) -> dict[str, Any]:

@@ -21,7 +21,6 @@ which structure it met.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -32,19 +31,13 @@ from typing import Any
 import numpy as np
 
 from perfsuite.ab.resident import SETTLING_QUADS
-from perfsuite.ab.settings import MIN_PAIRS, look_pairs
-from perfsuite.ab.verdicts import pair_look_confidence
-from perfsuite.stats.windows import (
-    ORDER,
-    WITHIN,
-    compare_windows,
-    quad_log_ratios,
-    serial_correlation,
-    window_value,
-)
+from perfsuite.ab.verdicts import verdict_by_looks
+from perfsuite.judge.baselines import PROJECT_BASELINES, BaselineError, load_profile
+from perfsuite.judge.lookup import samples_of
+from perfsuite.stats.windows import ORDER, WITHIN, quad_log_ratios, serial_correlation, window_value
 
 STRUCTURES = ("iid", "shared", "per-process")
-DEFAULT_BASELINES = Path(__file__).resolve().parents[2] / "baselines" / "h200-140gb-x1"
+DEFAULT_BASELINES = PROJECT_BASELINES / "h200-140gb-x1"
 DEFAULT_CELL = "gate/image/ddp-ds/g1/fp32/px500/nopin/nchw"
 JITTER = 0.001  # a step's own scatter (log) about its level, at least this
 
@@ -114,18 +107,14 @@ def pair_windows(rng: np.random.Generator, regimes: Regimes, structure: str, qua
 def session(rng: np.random.Generator, regimes: Regimes, structure: str, *, quads: int, max_pairs: int,
             window_steps: int, tolerance: float, slowdown: float, within: str = WITHIN) -> dict[str, Any]:
     """One simulated session, looked at as ``perfsuite ab`` looks: its verdict, pairs and serial diagnostic."""
-    confidence, looks = pair_look_confidence(max_pairs), look_pairs(max_pairs)
     pairs: list[list[tuple[str, float]]] = []
-    verdict = "unknown"
-    for pair in range(1, max_pairs + 1):
+
+    def next_pair() -> list[float]:
         pairs.append(pair_windows(rng, regimes, structure, quads, window_steps, slowdown))
-        if pair in looks:
-            verdict = compare_windows([quad_log_ratios(w) for w in pairs], tolerance, confidence,
-                                      min_pairs=MIN_PAIRS, firsts=[ORDER[i % 2] for i in range(pair)],
-                                      within=within).verdict
-            if verdict != "unknown":
-                break
-    return {"verdict": verdict, "pairs": len(pairs), "serial": serial_correlation(pairs)}
+        return quad_log_ratios(pairs[-1])
+
+    verdict, taken = verdict_by_looks(next_pair, tolerance, max_pairs, within=within)
+    return {"verdict": verdict, "pairs": taken, "serial": serial_correlation(pairs)}
 
 
 def rates(regimes: Regimes, structure: str, sessions: int, seed: int = 0, **settings: Any) -> dict[str, Any]:
@@ -140,15 +129,15 @@ def rates(regimes: Regimes, structure: str, sessions: int, seed: int = 0, **sett
 
 def recorded_launches(baselines: Path, cell: str) -> list[list[float]]:
     """A cell's recorded step times, launch by launch, from a baseline folder's samples.json."""
-    path = baselines / "samples.json"
     try:
-        samples = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise SystemExit(f"{path}: {err}; give --baselines a recorded baseline folder (one of baselines/)") from None
-    steps = samples.get(f"{cell}:step_time") if isinstance(samples, dict) else None
-    if not steps:
+        folder = load_profile(baselines)
+    except BaselineError as err:
+        raise SystemExit(f"{err}; give --baselines a recorded baseline folder (one of baselines/) whose "
+                         "samples.json keeps the cell's steps") from None
+    pooled, launches = samples_of(folder.samples.get(f"{cell}:step_time"))
+    if not pooled:
         raise SystemExit(f"{baselines / 'samples.json'} keeps no step times of {cell}")
-    return steps if isinstance(steps[0], list) else [steps]
+    return [list(launch) for launch in launches] or [list(pooled)]
 
 
 def _at_least_one(text: str) -> int:
